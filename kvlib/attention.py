@@ -1,0 +1,68 @@
+"""Causal grouped-query self-attention, with or without a KV cache."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import LayerKVCache
+from .config import Config
+from .rope import RotaryEmbedding
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention where query ``i`` sees keys ``0 .. offset + i``.
+
+    Shapes: ``q`` is ``(batch, heads, q_len, head_dim)``; ``k`` and ``v`` are
+    ``(batch, kv_heads, k_len, head_dim)`` with ``kv_heads`` dividing ``heads`` and
+    ``k_len >= q_len``. The queries are the *last* ``q_len`` positions, so the offset is
+    ``k_len - q_len`` (0 without a cache; the number of cached tokens with one).
+    This is the written-out version; :class:`Attention` calls PyTorch's fused kernel,
+    which computes the same thing.
+    """
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)                        # (batch, heads, k_len, head_dim)
+    v = v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])    # (batch, heads, q_len, k_len)
+    offset = k_len - q_len
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(diagonal=offset)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1) @ v                            # (batch, heads, q_len, head_dim)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with ``n_kv_heads`` key/value heads (grouped-query attention)."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.wq = nn.Linear(config.d_model, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
+        self.wv = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int = 0,
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``."""
+        b, t, _ = x.shape
+        # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rope(q, offset), rope(k, offset)
+        if cache is not None:
+            k, v = cache.update(offset, k, v)      # all keys/values so far: (batch, kv_heads, offset+seq, head_dim)
+        k_len = k.shape[2]
+        if t == 1:
+            mask, causal = None, False             # one new token may see every stored key
+        elif k_len == t:
+            mask, causal = None, True              # no earlier tokens: the plain causal triangle
+        else:                                      # a chunk after cached tokens: causal with an offset
+            mask = torch.ones(t, k_len, dtype=torch.bool, device=x.device).tril(diagonal=k_len - t)
+            causal = False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))

@@ -1,0 +1,92 @@
+"""The KV cache: preallocated key/value buffers, one pair per layer (after gpt-fast's KVCache).
+
+Keys and values of earlier tokens never change (a token only looks backwards), so they
+are computed once, written here, and read back at every later step.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LayerKVCache(nn.Module):
+    """Keys and values of one attention layer: two buffers ``(batch, kv_heads, max_len, head_dim)``."""
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__()
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` of shape ``(batch, kv_heads, seq, head_dim)`` at ``pos``; return all keys/values so far.
+
+        The returned tensors are views of the buffers (no copy): ``(batch, kv_heads, pos + seq, head_dim)``.
+        """
+        end = pos + k.shape[2]
+        self.k[:, :, pos:end] = k
+        self.v[:, :, pos:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache(nn.Module):
+    """A KV cache for a whole decoder: one :class:`LayerKVCache` per layer and a position counter.
+
+    ``pos`` is the number of tokens already stored; the decoder writes new tokens there
+    and rotates them as positions ``pos, pos+1, ...`` (the RoPE offset).
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
+                                max_len=max_len, head_dim=head_dim).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
+        self.batch, self.max_len = batch, max_len
+        self.layers = nn.ModuleList(
+            LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device) for _ in range(n_layers))
+        self.pos = 0
+
+    @classmethod
+    def for_model(cls, model: nn.Module, batch: int = 1, max_len: int | None = None) -> "KVCache":
+        """A cache shaped for ``model`` (a :class:`kvlib.Decoder`), on its device and in its dtype."""
+        cfg = model.config
+        p = next(model.parameters())
+        return cls(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.max_seq_len, cfg.head_dim,
+                   dtype=p.dtype, device=p.device)
+
+    def check_room(self, n_new: int) -> None:
+        """Raise a clear error if ``n_new`` more tokens would not fit."""
+        if self.pos + n_new > self.max_len:
+            raise ValueError(
+                f"KV cache is full: it holds {self.pos} of max_len={self.max_len} positions and cannot "
+                f"take {n_new} more (would need {self.pos + n_new}). Build a larger cache "
+                f"(KVCache.for_model(model, max_len=...)) or call reset().")
+
+    def advance(self, n_new: int) -> None:
+        self.check_room(n_new)
+        self.pos += n_new
+
+    def reset(self) -> None:
+        """Forget every stored token (the buffers are kept and simply overwritten later)."""
+        self.pos = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].k.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all key and value buffers (allocated, not just used)."""
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+
+    def __repr__(self) -> str:
+        k = self.layers[0].k
+        return (f"KVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, dtype={k.dtype}, "
+                f"pos={self.pos}, {self.nbytes / 2**20:.2f} MiB)")

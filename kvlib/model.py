@@ -1,0 +1,139 @@
+"""A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, tied embeddings."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention
+from .cache import KVCache
+from .config import Config
+from .rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned gain (no mean, no bias)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in at least float32, as Llama does, so bfloat16 models stay stable.
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.d_model, config.d_mlp, bias=False)
+        self.up = nn.Linear(config.d_model, config.d_mlp, bias=False)
+        self.down = nn.Linear(config.d_mlp, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """One transformer layer: pre-norm attention and pre-norm MLP, each added to the residual stream."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int, cache=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, offset, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    """``model(ids)`` maps token ids ``(batch, seq)`` to next-token logits ``(batch, seq, vocab)``.
+
+    Pass a :class:`kvlib.KVCache` to reuse the keys and values of earlier tokens: the new
+    ids are then positions ``cache.pos, cache.pos + 1, ...`` and the cache advances past them.
+    """
+
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # Wide enough that a random model's greedy text varies from token to token (with
+        # tied embeddings and a small init it would just repeat its last token), so that
+        # "cached and uncached choose the same tokens" is a test that can fail.
+        if isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=1.0 / math.sqrt(module.embedding_dim))
+        elif isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=1.5 / math.sqrt(module.in_features))
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *,
+                last_only: bool = False) -> torch.Tensor:
+        """Logits for every position of ``ids``, or only the last one with ``last_only=True``
+        (what generation needs: ``(batch, 1, vocab)``)."""
+        self._check_ids(ids, cache)
+        offset = 0 if cache is None else cache.pos
+        x = self.embed(ids)                                        # (batch, seq, d_model)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.rope, offset, None if cache is None else cache.layers[i])
+        if cache is not None:
+            cache.advance(ids.shape[1])
+        if last_only:
+            x = x[:, -1:]
+        return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
+
+    def _check_ids(self, ids: torch.Tensor, cache: KVCache | None) -> None:
+        cfg = self.config
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"ids must hold integer token ids (torch.long), got dtype {ids.dtype}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, seq), got {tuple(ids.shape)} "
+                             f"(for one sequence use ids[None])")
+        if ids.shape[1] == 0:
+            raise ValueError("ids is empty: give at least one token")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1} (the vocabulary), "
+                             f"got values from {lo} to {hi}")
+        start = 0 if cache is None else cache.pos
+        if start + ids.shape[1] > cfg.max_seq_len:
+            raise ValueError(f"sequence too long: positions {start}..{start + ids.shape[1] - 1} but the model "
+                             f"supports max_seq_len={cfg.max_seq_len}")
+        if cache is not None:
+            if cache.batch != ids.shape[0]:
+                raise ValueError(f"cache was built for batch size {cache.batch}, ids have batch size {ids.shape[0]}")
+            dtype = self.embed.weight.dtype
+            if cache.dtype != dtype:
+                raise ValueError(f"cache holds {cache.dtype} but the model computes in {dtype}; "
+                                 f"build it with KVCache.for_model(model)")
+            if len(cache.layers) != cfg.n_layers:
+                raise ValueError(f"cache has {len(cache.layers)} layers, the model {cfg.n_layers}")
+            cache.check_room(ids.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,64 @@
+"""The equivalence tests must be able to fail: run their check on deliberately broken caches."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib import Config, Decoder
+from kvlib.cache import LayerKVCache
+from kvlib.rope import RotaryEmbedding
+
+from test_cache_equivalence import cached_logits
+
+
+def _differs(model: Decoder, ids: torch.Tensor, split: int, chunk: int) -> bool:
+    with torch.no_grad():
+        return not torch.allclose(cached_logits(model, ids, split, chunk), model(ids), atol=1e-5, rtol=0)
+
+
+@pytest.fixture
+def case():
+    torch.manual_seed(1)
+    model = Decoder(Config.tiny()).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    return model, ids
+
+
+def test_intact_cache_passes(case):
+    model, ids = case
+    assert not _differs(model, ids, split=5, chunk=1)
+
+
+def test_forgotten_rope_offset_is_caught(case, monkeypatch):
+    model, ids = case
+    original = RotaryEmbedding.forward
+    monkeypatch.setattr(RotaryEmbedding, "forward", lambda self, x, offset: original(self, x, 0))
+    assert _differs(model, ids, split=5, chunk=1)
+
+
+def test_off_by_one_rope_offset_is_caught(case, monkeypatch):
+    model, ids = case
+    original = RotaryEmbedding.forward
+    monkeypatch.setattr(RotaryEmbedding, "forward",
+                        lambda self, x, offset: original(self, x, offset + 1 if offset else 0))
+    assert _differs(model, ids, split=5, chunk=2)
+
+
+def test_cache_that_keeps_only_new_tokens_is_caught(case, monkeypatch):
+    model, ids = case
+
+    def forgetful(self, pos, k, v):
+        return k, v                                   # never looks at the stored tokens
+    monkeypatch.setattr(LayerKVCache, "update", forgetful)
+    assert _differs(model, ids, split=5, chunk=1)
+
+
+def test_cache_that_overwrites_slot_zero_is_caught(case, monkeypatch):
+    model, ids = case
+    original = LayerKVCache.update
+
+    def overwrite(self, pos, k, v):
+        return original(self, 0 if pos else pos, k, v)[0][:, :, :pos + k.shape[2]], \
+            self.v[:, :, :pos + k.shape[2]]
+    monkeypatch.setattr(LayerKVCache, "update", overwrite)
+    assert _differs(model, ids, split=5, chunk=1)
