@@ -1,0 +1,28 @@
+"""The real model of the chapter: SmolLM2-135M-Instruct, as a :class:`kvlib.Decoder` and its tokenizer."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .gguf_loader import load_gguf_decoder, open_gguf
+from .model import Decoder
+from .tokenizer import Tokenizer
+from .weights import smollm2_path
+
+
+def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, download: bool = True) -> tuple[Decoder, Tokenizer]:
+    """Load SmolLM2-135M-Instruct: a :class:`kvlib.Decoder` in eval mode and its :class:`kvlib.Tokenizer`.
+
+    The weights come from the Q4_1 GGUF file found (or fetched once, if ``download``) by
+    :func:`kvlib.smollm2_path`; they are dequantized to float32, then cast to ``dtype``
+    and moved to ``device``. The file is parsed once for both model and tokenizer.
+    Takes a few seconds on a laptop CPU; raises :class:`kvlib.ModelFileError` if the file
+    is missing or damaged.
+    """
+    file = smollm2_path(path, download=download)
+    reader = open_gguf(file)
+    model = load_gguf_decoder(reader, path=file, dtype=dtype, device=device)
+    tokenizer = Tokenizer.from_gguf(reader, path=file)
+    return model, tokenizer
