@@ -26,6 +26,13 @@ def fmt_ratio(ratio: float, word: str = "faster") -> str:
     return f"{ratio:.1f}× {word}"
 
 
+def fmt_exponent(exponent: float) -> str:
+    """A growth exponent fitted to *measured* times, e.g. ``'measured exponent ≈ 1.43'``
+    (``tests/nbval_sanitize.cfg`` replaces this pattern; exponents of counted FLOPs are
+    exact and printed as plain numbers)."""
+    return f"measured exponent ≈ {exponent:.2f}"
+
+
 def sync(device: torch.device | str | None = None) -> None:
     """Wait for queued GPU work so that a timer measures it (no-op on the CPU)."""
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
@@ -51,10 +58,109 @@ def median_seconds(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) 
     return statistics.median(time_call(fn, repeats=repeats, warmup=warmup))
 
 
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of one fused attention call, as PyTorch counts its GPU kernels: both matmuls
+    (scores ``q @ k^T`` and the weighted sum ``p @ v``) over every query-key pair, mask or
+    not (the counter does not discount the causal mask); grouped-query heads broadcast."""
+    b, h_q, s_q, d_qk = query_shape
+    d_v = value_shape[-1]
+    s_k = key_shape[-2]
+    return 2 * b * h_q * s_q * s_k * d_qk + 2 * b * h_q * s_q * s_k * d_v
+
+
 def count_flops(fn: Callable[[], Any]) -> int:
-    """Floating-point operations PyTorch counts while ``fn`` runs (a multiply-add counts as 2)."""
+    """Floating-point operations PyTorch counts while ``fn`` runs (a multiply-add counts as 2).
+
+    Matrix products (every ``nn.Linear``, ``@``) and attention are counted; element-wise
+    work (norms, RoPE, softmax, activations) is not. ``FlopCounterMode`` has no formula
+    for the CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) and
+    would count attention as 0 on a CPU; we give it the formula it uses for its GPU
+    attention kernels, so a CPU counts attention the way PyTorch counts it on a GPU.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    mapping = {}
+    cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu_sdpa is not None:
+        mapping[cpu_sdpa] = _sdpa_flops
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         fn()
     return counter.get_total_flops()
+
+
+class TensorMemoryTracker:
+    """Peak bytes of tensors that are alive at once while a block runs (working memory).
+
+    Only tensors created inside the block count (weights made before it do not); a view
+    shares its base's memory and is counted once. It watches every PyTorch operation
+    through a dispatch mode, so it works the same on the CPU and on a GPU, and it sees
+    the memory the *program* asks for, not what the allocator keeps in reserve.
+
+    >>> with TensorMemoryTracker() as mem:
+    ...     y = torch.ones(1000) * 2
+    >>> mem.peak_bytes >= 4000
+    True
+    """
+
+    def __init__(self) -> None:
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._live: set[int] = set()
+
+    def _created(self, t: torch.Tensor) -> None:
+        import weakref
+
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._live or storage.nbytes() == 0:
+            return
+        self._live.add(key)
+        self.live_bytes += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        weakref.finalize(storage, self._freed, key, storage.nbytes())
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        if key in self._live:
+            self._live.discard(key)
+            self.live_bytes -= nbytes
+
+    def __enter__(self) -> "TensorMemoryTracker":
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                # A view or an in-place result shares an input's memory: not new memory.
+                inputs = {id(a.untyped_storage()) for a in tree_leaves((args, kwargs))
+                          if isinstance(a, torch.Tensor)}
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:
+                        tracker._created(t)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self._live.clear()          # stop counting frees that happen after the block
+
+
+def peak_memory(fn: Callable[[], Any]) -> int:
+    """Peak bytes of working memory (tensors alive at once) while ``fn`` runs."""
+    with TensorMemoryTracker() as mem:
+        fn()
+    return mem.peak_bytes
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError

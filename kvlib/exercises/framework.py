@@ -1,0 +1,104 @@
+"""The machinery shared by every exercise check: cases, comparison, one clear verdict."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+class CheckFailed(Exception):
+    """An exercise check did not pass. Jupyter shows only the message, not a traceback."""
+
+    def _render_traceback_(self) -> list[str]:     # IPython's hook for custom error display
+        return [f"\x1b[31m✗ {self}\x1b[0m"]
+
+
+@dataclass
+class Case:
+    """One input to try: a name a student understands, the arguments, and the expected output."""
+
+    name: str
+    args: tuple
+    expected: Any
+    kwargs: dict = field(default_factory=dict)
+    atol: float = 1e-5
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        if x.numel() <= 12:
+            return f"tensor of shape {tuple(x.shape)}, dtype {x.dtype}: {x.tolist()}"
+        return f"tensor of shape {tuple(x.shape)}, dtype {x.dtype}"
+    if isinstance(x, (tuple, list)) and len(x) <= 6:
+        return "(" + ", ".join(_describe(i) for i in x) + ")"
+    text = repr(x)
+    return text if len(text) < 200 else text[:200] + "…"
+
+
+def _first_difference(expected: Any, got: Any, atol: float) -> str | None:
+    """``None`` if ``got`` matches ``expected``, else a sentence saying how it differs."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"expected a tensor, got {type(got).__name__}"
+        if tuple(got.shape) != tuple(expected.shape):
+            return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
+        if expected.is_floating_point():
+            if not got.is_floating_point():
+                return f"expected a floating-point tensor, got dtype {got.dtype}"
+            diff = (got.double() - expected.double()).abs()
+            if not torch.isfinite(got).all():
+                return "the result contains NaN or infinity"
+            if diff.max() > atol:
+                idx = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+                return (f"values differ: at index {idx} expected {expected[idx].item():.6g}, "
+                        f"got {got[idx].item():.6g} (largest difference {diff.max().item():.3g}, "
+                        f"allowed {atol:g})")
+            return None
+        if not torch.equal(got.to(expected.dtype), expected):
+            return f"expected {expected.tolist()}, got {got.tolist()}"
+        return None
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return f"expected {len(expected)} results ({_describe(expected)}), got {_describe(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            why = _first_difference(e, g, atol)
+            if why:
+                return f"result {i}: {why}"
+        return None
+    if isinstance(expected, float):
+        if not isinstance(got, (int, float)) or abs(got - expected) > atol * max(1.0, abs(expected)):
+            return f"expected {expected:.6g}, got {_describe(got)}"
+        return None
+    if got != expected:
+        return f"expected {_describe(expected)}, got {_describe(got)}"
+    return None
+
+
+def run_check(exercise: str, fn: Callable, cases: list[Case], *, hint: str = "") -> None:
+    """Run ``fn`` on every case; print a verdict; raise :class:`CheckFailed` on the first problem.
+
+    ``exercise`` names the exercise as the page does (e.g. ``"Exercise 2.1"``); ``hint``
+    is added to a failure message when it helps (e.g. the common mistakes to look for).
+    """
+    if not callable(fn):
+        raise CheckFailed(f"{exercise}: expected a function, got {type(fn).__name__}")
+    for i, case in enumerate(cases, start=1):
+        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
+        try:
+            got = fn(*args, **case.kwargs)
+        except NotImplementedError:
+            raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError "
+                              f"in your function with your code.") from None
+        except Exception as e:                            # show the student's own error, briefly
+            raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) raised "
+                              f"{type(e).__name__}: {e}\n  input: {_describe(case.args)}") from None
+        why = _first_difference(case.expected, got, case.atol)
+        if why:
+            message = (f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: {why}\n"
+                       f"  input: {_describe(case.args)}")
+            if hint:
+                message += f"\n  hint: {hint}"
+            raise CheckFailed(message)
+    names = ", ".join(c.name for c in cases)
+    print(f"✓ {exercise}: all {len(cases)} cases pass ({names}).")

@@ -1,0 +1,257 @@
+"""How much arithmetic one step of generation does, with and without the KV cache: closed form.
+
+One forward call of :class:`kvlib.Decoder` feeds ``tokens_in`` new tokens that attend to
+``context_len`` keys (the tokens already stored plus the new ones):
+
+- uncached step at context ``n``: ``tokens_in = n``, ``context_len = n``;
+- cached step at context ``n``: ``tokens_in = 1``, ``context_len = n``;
+- a prompt chunk after ``p`` cached tokens: ``tokens_in = t``, ``context_len = p + t``.
+
+Its floating-point operations (a multiply-add counts as 2, as PyTorch's
+``FlopCounterMode`` counts them) fall into three parts:
+
+``linear``
+    the projections (``wq, wk, wv, wo``) and the MLP, ``tokens_in × linear_per_token``:
+    every token fed goes through every weight matrix of every layer;
+``attention``
+    the scores ``q·k`` and the weighted sum of values, ``tokens_in × context_len ×
+    attention_per_pair``: every new query against every key;
+``output``
+    the output layer (logits over the vocabulary): one row with ``last_only=True``
+    (what generation needs), ``tokens_in`` rows otherwise.
+
+These are exactly the numbers :func:`kvlib.measure.count_flops` reports for that call
+(``tests/test_flops.py`` checks it). Two conventions of that counter matter here:
+element-wise work (RMSNorm, RoPE, softmax, SiLU) and the embedding lookup are not
+counted, and attention is counted over the whole ``tokens_in × context_len`` rectangle
+even where the causal mask hides a score (a plain implementation computes them and masks
+them; a kernel that skips masked blocks saves up to half of the attention part).
+
+The bottom of the module runs and times *one step* of a real model the same way, so a
+notebook can put counted FLOPs, closed-form FLOPs and measured seconds side by side.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .config import Config
+
+__all__ = [
+    "StepFlops", "linear_flops_per_token", "attention_flops_per_pair", "output_flops_per_row",
+    "step_flops", "generation_step_flops", "generation_flops", "generation_ratio",
+    "crossover_context", "step_call", "count_step_flops", "measure_step_seconds", "fmt_flops",
+]
+
+
+# ---------------------------------------------------------------------------------------
+# The three coefficients of a configuration
+# ---------------------------------------------------------------------------------------
+
+def linear_flops_per_token(config: Config) -> int:
+    """FLOPs of the projections and the MLP for one token, summed over all layers.
+
+    Per layer: ``wq`` (d × heads·head_dim), ``wk`` and ``wv`` (d × kv_heads·head_dim),
+    ``wo`` (heads·head_dim × d) and the SwiGLU MLP's three matrices (d × d_mlp), each
+    costing ``2 × rows × columns`` per token.
+    """
+    c = config
+    q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    per_layer = 2 * c.d_model * (q_width + 2 * kv_width) + 2 * q_width * c.d_model + 3 * 2 * c.d_model * c.d_mlp
+    return c.n_layers * per_layer
+
+
+def attention_flops_per_pair(config: Config) -> int:
+    """FLOPs of attention for one (query, key) pair, summed over all layers and query heads:
+    ``2·head_dim`` for the score ``q·k`` plus ``2·head_dim`` to add ``p·v`` to the output.
+
+    Grouped-query attention does not change it: fewer key/value heads are *stored*, but
+    every query head still scores every key.
+    """
+    c = config
+    return c.n_layers * c.n_heads * 4 * c.head_dim
+
+
+def output_flops_per_row(config: Config) -> int:
+    """FLOPs of the output layer (logits over the vocabulary) for one position."""
+    return 2 * config.d_model * config.vocab_size
+
+
+def crossover_context(config: Config) -> float:
+    """The context length at which attention does as much arithmetic as the projections and
+    MLP: ``linear_flops_per_token / attention_flops_per_pair``.
+
+    It is the same for an uncached step (``n·linear`` against ``n²·pair``) and for a
+    cached one (``linear`` against ``n·pair``). For a Llama-style shape it works out to
+    ``d_model + kv_heads·head_dim + 1.5·d_mlp`` tokens: below it the part that grows in
+    step with the context dominates, well above it the quadratic part does.
+    """
+    return linear_flops_per_token(config) / attention_flops_per_pair(config)
+
+
+# ---------------------------------------------------------------------------------------
+# One step, and a whole generation
+# ---------------------------------------------------------------------------------------
+
+def _count(name: str, value) -> int:
+    """``value`` as a positive Python int (NumPy integers welcome; floats and bools are not)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a positive int, got {value!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """The arithmetic of one forward call, split by what it grows with."""
+
+    tokens_in: int       # tokens fed through the model
+    context_len: int     # keys each of them may attend to (stored + new)
+    linear: int          # projections + MLP: grows with tokens_in
+    attention: int       # scores + weighted sum: grows with tokens_in × context_len
+    output: int          # output layer: one row (last_only) or tokens_in rows
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.attention + self.output
+
+    def __int__(self) -> int:
+        return self.total
+
+
+def step_flops(config: Config, context_len: int, tokens_in: int, *, last_only: bool = True,
+               batch: int = 1) -> StepFlops:
+    """FLOPs of ``model(ids, cache, last_only=last_only)`` where ``ids`` holds ``tokens_in``
+    tokens and attention sees ``context_len`` keys (so ``context_len - tokens_in`` of them
+    were already in the cache). ``batch`` sequences cost ``batch`` times as much.
+    """
+    context_len, tokens_in, batch = (_count("context_len", context_len), _count("tokens_in", tokens_in),
+                                     _count("batch", batch))
+    if tokens_in > context_len:
+        raise ValueError(f"tokens_in={tokens_in} cannot exceed context_len={context_len}: the keys "
+                         f"include the new tokens themselves")
+    rows_out = 1 if last_only else tokens_in
+    return StepFlops(
+        tokens_in=tokens_in,
+        context_len=context_len,
+        linear=batch * tokens_in * linear_flops_per_token(config),
+        attention=batch * tokens_in * context_len * attention_flops_per_pair(config),
+        output=batch * rows_out * output_flops_per_row(config),
+    )
+
+
+def generation_step_flops(config: Config, prompt_len: int, n_new: int, *, use_cache: bool,
+                          last_only: bool = True) -> list[StepFlops]:
+    """The FLOPs of every step of ``kvlib.generate(model, prompt, n_new, use_cache=...)``.
+
+    Step ``s`` (0-based) chooses token ``s`` from a context of ``prompt_len + s`` tokens.
+    Without the cache it feeds all of them; with the cache step 0 is the prefill (the
+    whole prompt) and every later step feeds one token.
+    """
+    if not isinstance(prompt_len, int) or prompt_len < 1:
+        raise ValueError(f"prompt_len must be a positive int, got {prompt_len!r}")
+    if not isinstance(n_new, int) or n_new < 0:
+        raise ValueError(f"n_new must be a non-negative int, got {n_new!r}")
+    steps = []
+    for s in range(n_new):
+        n = prompt_len + s
+        tokens_in = n if (not use_cache or s == 0) else 1
+        steps.append(step_flops(config, n, tokens_in, last_only=last_only))
+    return steps
+
+
+def generation_flops(config: Config, prompt_len: int, n_new: int, *, use_cache: bool,
+                     last_only: bool = True) -> int:
+    """Total FLOPs of generating ``n_new`` tokens after a ``prompt_len``-token prompt."""
+    return sum(s.total for s in generation_step_flops(config, prompt_len, n_new, use_cache=use_cache,
+                                                       last_only=last_only))
+
+
+def generation_ratio(config: Config, n_new: int, *, prompt_len: int = 1, last_only: bool = True) -> float:
+    """How many times more arithmetic generating ``n_new`` tokens takes without the cache.
+
+    With a one-token prompt the steps see contexts ``1 .. n_new``. For large ``n`` the
+    ratio tends to ``(a·n/2 + b·n²/3 + o) / (a + b·n/2 + o)`` with ``a``, ``b``, ``o`` the
+    per-token, per-pair and output coefficients: about ``n/2`` while the linear part
+    dominates, up to ``2n/3`` once attention does.
+    """
+    uncached = generation_flops(config, prompt_len, n_new, use_cache=False, last_only=last_only)
+    cached = generation_flops(config, prompt_len, n_new, use_cache=True, last_only=last_only)
+    return uncached / cached
+
+
+# ---------------------------------------------------------------------------------------
+# The same step on a real model: run it, count it, time it
+# ---------------------------------------------------------------------------------------
+
+def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
+              seed: int = 0) -> Callable[[], torch.Tensor]:
+    """A function that runs *one* generation step of ``model`` at ``context_len`` tokens of
+    context, and can be called again and again (to time it, or to count its FLOPs).
+
+    Without the cache the step feeds all ``context_len`` tokens. With the cache the
+    first ``context_len - 1`` tokens are prefilled once, here, and every call feeds the
+    last token alone (resetting the cache position first, so each call is the same step).
+    Token ids are seeded random ids; the arithmetic does not depend on them.
+    """
+    cfg = model.config
+    if not isinstance(context_len, int) or not 1 <= context_len <= cfg.max_seq_len:
+        raise ValueError(f"context_len must be an int in 1..{cfg.max_seq_len}, got {context_len!r}")
+    from .cache import KVCache
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (1, context_len), generator=gen).to(device)
+    if not use_cache:
+        def uncached_step() -> torch.Tensor:
+            with torch.no_grad():
+                return model(ids, last_only=True)
+        return uncached_step
+
+    cache = KVCache.for_model(model, batch=1, max_len=context_len)
+    stored = context_len - 1
+    if stored:
+        with torch.no_grad():
+            model(ids[:, :stored], cache, last_only=True)
+    last = ids[:, stored:]
+
+    def cached_step() -> torch.Tensor:
+        cache.pos = stored             # the same step every call: one new token after `stored`
+        with torch.no_grad():
+            return model(last, cache, last_only=True)
+    return cached_step
+
+
+def count_step_flops(model: torch.nn.Module, context_len: int, *, use_cache: bool) -> int:
+    """FLOPs PyTorch counts (:func:`kvlib.measure.count_flops`) for one step of ``model``."""
+    from .measure import count_flops
+
+    return count_flops(step_call(model, context_len, use_cache=use_cache))
+
+
+def measure_step_seconds(model: torch.nn.Module, context_len: int, *, use_cache: bool,
+                         repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall-clock seconds of one step of ``model`` (:func:`kvlib.measure.median_seconds`)."""
+    from .measure import median_seconds
+
+    return median_seconds(step_call(model, context_len, use_cache=use_cache), repeats=repeats, warmup=warmup)
+
+
+def fmt_flops(flops: float) -> str:
+    """A count of floating-point operations with three significant digits:
+    ``29_262_938_112 -> '29.3 GFLOP'``. Counted FLOPs do not vary between runs."""
+    units = (("FLOP", 1.0), ("kFLOP", 1e3), ("MFLOP", 1e6), ("GFLOP", 1e9), ("TFLOP", 1e12),
+             ("PFLOP", 1e15), ("EFLOP", 1e18))
+    for i, (unit, scale) in enumerate(units):
+        value = float(f"{flops / scale:.3g}")
+        if abs(value) < 1000 or i == len(units) - 1:
+            return f"{flops:.0f} FLOP" if scale == 1.0 else f"{value:.3g} {unit}"
+    raise AssertionError("unreachable")

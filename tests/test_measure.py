@@ -1,0 +1,53 @@
+"""Measuring helpers: formatting, FLOP counting, working-memory tracking."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from kvlib.measure import (TensorMemoryTracker, count_flops, fmt_bytes, fmt_ratio, fmt_seconds,
+                           median_seconds, peak_memory)
+
+
+def test_formats_match_the_nbval_sanitizer():
+    """Measured numbers are printed in exactly the forms tests/nbval_sanitize.cfg replaces."""
+    cfg = open("tests/nbval_sanitize.cfg", encoding="utf-8").read()
+    patterns = [re.compile(m) for m in re.findall(r"^regex: (.*)$", cfg, flags=re.M)]
+    for text in (fmt_seconds(2e-5), fmt_seconds(0.0123), fmt_seconds(3.21), fmt_ratio(8.73), fmt_ratio(1.2, "slower")):
+        assert any(p.fullmatch(text) for p in patterns), text
+    assert fmt_seconds(0.0123) == "12.3 ms" and fmt_seconds(3.21) == "3.21 s"
+    assert fmt_ratio(8.73) == "8.7× faster"
+    assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(100) == "100 B"
+
+
+def test_count_flops_of_a_matmul():
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    assert count_flops(lambda: a @ b) == 2 * 3 * 5 * 7
+
+
+def test_median_seconds_is_positive():
+    assert median_seconds(lambda: sum(range(1000)), repeats=3) > 0
+
+
+def test_peak_memory_counts_new_tensors_once():
+    x = torch.ones(1000)                              # made before: not counted
+    assert peak_memory(lambda: x.add_(1)) == 0        # in place: no new memory
+    assert peak_memory(lambda: x[10:]) == 0           # a view of old memory
+    assert peak_memory(lambda: torch.ones(250)) == 1000
+
+    def two_at_once():
+        a = torch.ones(1000)       # 4000 bytes
+        b = a * 2                  # 4000 more while a is alive
+        del a, b
+        c = torch.ones(500)        # after both are freed
+        return c
+    assert peak_memory(two_at_once) == 8000
+
+
+def test_tracker_reports_live_bytes():
+    with TensorMemoryTracker() as mem:
+        keep = torch.zeros(100, dtype=torch.float64)
+        assert mem.live_bytes == 800
+        del keep
+        assert mem.live_bytes == 0
+    assert mem.peak_bytes == 800
