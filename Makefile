@@ -10,7 +10,11 @@ JB := $(VENV)/bin/jupyter-book
 JB_FLAGS := -W -n --keep-going
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 
-.PHONY: setup model book book-static test test-quick test-nbval lab notebooks clean
+# The browser tests' Chromium (Debian's `chromium` package; override to use another).
+CHROMIUM ?= /usr/bin/chromium
+export CHROMIUM
+
+.PHONY: setup model book book-static test test-quick test-nbval test-browser chromium lab notebooks clean
 
 ## setup: create .venv and install the pinned requirements plus kvlib itself (once).
 setup: $(STAMP)
@@ -26,22 +30,47 @@ model: $(STAMP)
 	@$(PY) -m kvlib.weights
 
 ## book: execute every notebook (cached between builds) and build the HTML book.
+## book/assets.py first fetches (npm, pinned, once) the widget manager and MathJax that the
+## book serves itself, and writes the configuration to build with (BOOK_JS=cdn: use CDNs).
 book: setup model
-	$(JB) build . $(JB_FLAGS)
+	$(PY) book/assets.py _build/_config.book.yml
+	$(JB) build . --config _build/_config.book.yml $(JB_FLAGS)
 	@echo "Open file://$(CURDIR)/_build/html/index.html"
 
 ## book-static: build the HTML from the outputs stored in the notebooks (what nbval checked).
 book-static: setup
-	@mkdir -p _build
-	@sed 's/^\(\s*execute_notebooks:\).*/\1 "off"/' _config.yml > _build/_config.static.yml
+	$(PY) book/assets.py _build/_config.static.yml --static
 	$(JB) build . --config _build/_config.static.yml $(JB_FLAGS)
 
 ## test: every test: kvlib unit and property tests, the real-model and oracle tests,
-## nbval strict on every notebook, and a warning-free book build.
+## nbval strict on every notebook, a warning-free book build, and that book in Chromium.
 test: setup model
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-nbval
-	$(MAKE) --no-print-directory book-static
+	$(MAKE) --no-print-directory test-browser
+	$(MAKE) --no-print-directory student test-student
+
+## test-browser: build the book (book-static), then check every page in Chromium, offline
+## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden).
+test-browser: book-static chromium
+	$(PY) -m pytest tests/browser -p no:cacheprovider
+
+## chromium: the browser tests need Chromium; install Debian's package when missing and
+## possible (root, apt-get), otherwise say how.
+chromium:
+	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Chromium is not at $(CHROMIUM): installing Debian's chromium package (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	    || { echo "error: apt-get install chromium failed" >&2; exit 1; }; \
+	  [ -x "$(CHROMIUM)" ] || { echo "error: chromium installed, but not at $(CHROMIUM); set CHROMIUM=/path/to/chromium" >&2; exit 1; }; \
+	else \
+	  echo "error: the browser tests (tests/browser) need Chromium, and it is not at $(CHROMIUM)." >&2; \
+	  echo "  Install it: sudo apt-get install chromium   (Debian; Ubuntu: chromium-browser, or Google Chrome)" >&2; \
+	  echo "  or point the tests at one you have: make test CHROMIUM=/path/to/chromium" >&2; \
+	  echo "  (\`playwright install\` is not needed: the tests drive the system browser.)" >&2; \
+	  exit 1; \
+	fi
 
 ## test-quick: the fast unit tests only (no real model, no notebooks).
 test-quick: setup
@@ -62,3 +91,21 @@ notebooks: setup model
 
 clean:
 	rm -rf _build
+
+# --- the student edition (scripts/student_edition.py; see chapters/instructors.md) ---
+.PHONY: student test-student
+
+## student: write the student edition into student/ (solution cells replaced by their stubs,
+## solution blocks removed), build it into student/_build/html (stored outputs, no execution)
+## and check that no line of any solution reached it.
+student: setup
+	$(PY) scripts/student_edition.py --out student
+	$(JB) build student $(JB_FLAGS)
+	$(PY) scripts/student_edition.py --out student --leaks
+	@echo "Student edition: $(CURDIR)/student/ (book: file://$(CURDIR)/student/_build/html/index.html)"
+
+## test-student: nbval on the student edition's notebooks (the stubs' checks, and the cells
+## that use a stub, are tagged raises-exception; every other cell is compared as in test-nbval).
+test-student: setup model
+	$(PY) scripts/student_edition.py --out student --quiet
+	$(PY) -m pytest --nbval student/chapters/*.ipynb --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
