@@ -19,7 +19,7 @@ __all__ = ["Case", "CheckFailed", "run_check"]
 
 # Section modules that define check_* functions, in chapter order. A module that is not
 # there (yet) is skipped.
-_SECTION_MODULES = ("attention", "cache", "cost", "realmodel", "memory")
+_SECTION_MODULES = ("generation", "attention", "cache", "cost", "realmodel", "memory")
 
 
 def _section_modules():

@@ -1,0 +1,84 @@
+"""The instructors' page lists every exercise of the notebooks, as the notebooks have it.
+
+The exercises are read from the notebooks' ``{exercise}`` directives (label, title, and
+whether a check cell follows: code or question); the page's table must have one row for
+each, with the same section, number, title and kind, and an estimate in minutes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "chapters" / "instructors.md"
+_spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
+se = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("student_edition", se)
+_spec.loader.exec_module(se)
+
+EXERCISES = se.book_exercises(ROOT)
+NOTEBOOKS = se.notebooks_in_order(ROOT)
+
+
+def _table() -> dict[str, dict]:
+    """The rows of the page's exercise table, by label."""
+    rows = {}
+    for line in PAGE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and re.fullmatch(r"`ex-[a-z0-9]+-\d+`", cells[2]):
+            section, number, label, title, kind, minutes = cells
+            assert label.strip("`") not in rows, f"{label} is listed twice"
+            rows[label.strip("`")] = dict(section=section, number=number, title=title, kind=kind, minutes=minutes)
+    return rows
+
+
+def test_the_page_is_in_the_book_last():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    assert toc["chapters"][-1]["file"] == "chapters/instructors"
+
+
+def test_the_page_has_a_table_of_exercises():
+    assert len(_table()) >= 12
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.label)
+def test_every_exercise_is_in_the_table_as_the_notebook_has_it(exercise):
+    rows = _table()
+    assert exercise.label in rows, f"{exercise.label} ({exercise.notebook}) is missing from {PAGE.name}'s table"
+    row = rows[exercise.label]
+    assert row["section"] == str(exercise.section)
+    assert row["number"] == f"{exercise.section}.{exercise.number}"
+    assert row["title"] == exercise.title
+    assert row["kind"] == exercise.kind, f"{exercise.label} is a {exercise.kind} exercise in the notebook"
+    assert row["minutes"].isdigit() and 0 < int(row["minutes"]) <= 120
+
+
+def test_every_row_is_an_exercise_of_the_notebooks():
+    """No row for an exercise that is gone, except for a section whose exercises are not in its
+    notebook yet (then the row waits for them)."""
+    labels = {e.label for e in EXERCISES}
+    sections_with_exercises = {e.section for e in EXERCISES}
+    for label, row in _table().items():
+        if int(row["section"]) in sections_with_exercises:
+            assert label in labels, f"{PAGE.name} lists {label}, which no notebook has"
+
+
+@pytest.mark.parametrize("section, path", NOTEBOOKS, ids=lambda x: getattr(x, "name", str(x)))
+def test_every_section_ends_with_two_to_four_exercises(section, path):
+    mine = [e for e in EXERCISES if e.section == section]
+    if not mine:
+        pytest.skip(f"{path.name} has no exercises yet")
+    assert 2 <= len(mine) <= 4, f"{path.name} has {len(mine)} exercises"
+    assert [e.number for e in mine] == list(range(1, len(mine) + 1))
+    assert any(e.kind == "code" for e in mine), f"{path.name}: no code exercise with a check"
+
+
+def test_the_page_names_the_sections_it_describes():
+    text = PAGE.read_text()
+    for _, path in NOTEBOOKS:
+        assert f"{{doc}}`{path.stem}`" in text, f"the learning objectives do not link {path.stem}"
