@@ -13,14 +13,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .cache import KVCache, LayerKVCache
+from .cache import KVCache, LayerKVCache, SlidingWindowKVCache
 from .config import Config
 from .generate import Generation, StepRecord, generate
+from .memory import kv_cache_bytes
 from .model import Decoder
+from .quant_cache import Int8KVCache
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from .smollm2 import load_smollm2
     from .tokenizer import Tokenizer
+    from .model_shapes import MODEL_SHAPES
     from .weights import ModelFileError, smollm2_path
 
 # name -> submodule that defines it, imported when the name is first used
@@ -29,10 +32,12 @@ _LAZY = {
     "Tokenizer": "tokenizer",
     "ModelFileError": "weights",
     "smollm2_path": "weights",
+    "MODEL_SHAPES": "model_shapes",
 }
 
 __all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "Generation", "StepRecord",
-           "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path"]
+           "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path",
+           "SlidingWindowKVCache", "Int8KVCache", "kv_cache_bytes", "MODEL_SHAPES"]
 __version__ = "0.1.0"
 
 

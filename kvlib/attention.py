@@ -12,7 +12,8 @@ from .config import Config
 from .rope import RotaryEmbedding
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     window: int | None = None) -> torch.Tensor:
     """Scaled dot-product attention where query ``i`` sees keys ``0 .. offset + i``.
 
     Shapes: ``q`` is ``(batch, heads, q_len, head_dim)``; ``k`` and ``v`` are
@@ -21,6 +22,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     ``k_len - q_len`` (0 without a cache; the number of cached tokens with one).
     This is the written-out version; :class:`Attention` calls PyTorch's fused kernel,
     which computes the same thing.
+
+    With ``window=W`` (sliding-window attention) each query sees only the last ``W``
+    keys up to itself, itself included: the causal triangle cut to a band.
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
     group = q.shape[1] // k.shape[1]
@@ -29,8 +33,24 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])    # (batch, heads, q_len, k_len)
     offset = k_len - q_len
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(diagonal=offset)
+    if window is not None:
+        allowed = allowed & banded_mask(q_len, k_len, window, q.device)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(dim=-1) @ v                            # (batch, heads, q_len, head_dim)
+
+
+def banded_mask(q_len: int, k_len: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``(q_len, k_len)`` booleans: query ``i`` may see key ``j`` when ``j`` is one of the last
+    ``window`` positions up to and including the query's own.
+
+    As everywhere in this module, the queries are the last ``q_len`` of the ``k_len`` key
+    positions (offset ``k_len - q_len``). ``window >= k_len`` gives the plain causal mask.
+    """
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    offset = k_len - q_len
+    return ones.tril(diagonal=offset) & ones.triu(diagonal=offset - window + 1)
 
 
 class Attention(nn.Module):
@@ -45,8 +65,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int = 0,
-                cache: LayerKVCache | None = None) -> torch.Tensor:
-        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``."""
+                cache: LayerKVCache | None = None, window: int | None = None) -> torch.Tensor:
+        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``.
+
+        ``window`` (or a cache with a ``window``, :class:`kvlib.cache.SlidingWindowKVCache`)
+        restricts each query to the last ``window`` keys (sliding-window attention).
+        """
         b, t, _ = x.shape
         # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -55,8 +79,12 @@ class Attention(nn.Module):
         q, k = rope(q, offset), rope(k, offset)
         if cache is not None:
             k, v = cache.update(offset, k, v)      # all keys/values so far: (batch, kv_heads, offset+seq, head_dim)
+            window = getattr(cache, "window", window)
         k_len = k.shape[2]
-        if t == 1:
+        if window is not None and (t > 1 or k_len > window):
+            # sliding window: the causal triangle cut to a band of the last `window` keys
+            mask, causal = banded_mask(t, k_len, window, x.device), False
+        elif t == 1:
             mask, causal = None, False             # one new token may see every stored key
         elif k_len == t:
             mask, causal = None, True              # no earlier tokens: the plain causal triangle

@@ -90,3 +90,89 @@ class KVCache(nn.Module):
         k = self.layers[0].k
         return (f"KVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, dtype={k.dtype}, "
                 f"pos={self.pos}, {self.nbytes / 2**20:.2f} MiB)")
+
+
+# =======================================================================================
+# Sliding-window attention: keep only the last `window` positions, in a ring buffer
+# =======================================================================================
+
+class SlidingWindowLayerCache(nn.Module):
+    """Keys and values of one layer for the last ``window`` positions only: a ring buffer
+    ``(batch, kv_heads, window, head_dim)`` where position ``p`` lives in slot ``p % window``.
+
+    Same contract as :class:`LayerKVCache`: ``update(pos, k, v)`` stores the new keys and
+    values and returns the keys and values the new queries may attend to. Attention reads
+    the cache's ``window`` and restricts each query to the last ``window`` keys.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, window: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__()
+        self.window = window
+        shape = (batch, n_kv_heads, window, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``k, v`` ``(batch, kv_heads, seq, head_dim)`` for positions ``pos .. pos+seq-1``.
+
+        One new token (``seq == 1``): returns views of the ring, the last ``min(pos+1, window)``
+        positions (in ring order, not in position order: with a single query and no mask the
+        order of the keys does not matter, their rotation already says where each one sits).
+        A chunk of several tokens: returns, in position order, the stored keys the chunk's
+        first query still sees followed by the chunk's own (a new tensor), for the banded mask.
+        """
+        w, t = self.window, k.shape[2]
+        if t == 1:
+            slot = pos % w
+            self.k[:, :, slot] = k[:, :, 0]
+            self.v[:, :, slot] = v[:, :, 0]
+            n = min(pos + 1, w)
+            return self.k[:, :, :n], self.v[:, :, :n]
+        # positions max(0, pos - w + 1) .. pos - 1 are still inside the first new query's window
+        old = torch.arange(max(0, pos - w + 1), pos, device=self.k.device) % w
+        k_all = torch.cat([self.k[:, :, old], k], dim=2)       # gathered (a copy) before any slot is overwritten
+        v_all = torch.cat([self.v[:, :, old], v], dim=2)
+        keep = min(t, w)                                        # only the chunk's last `window` positions stay
+        slots = torch.arange(pos + t - keep, pos + t, device=self.k.device) % w
+        self.k[:, :, slots] = k[:, :, t - keep:]
+        self.v[:, :, slots] = v[:, :, t - keep:]
+        return k_all, v_all
+
+
+class SlidingWindowKVCache(KVCache):
+    """A KV cache for sliding-window attention: every layer keeps only the last ``window``
+    positions (a ring buffer), so its memory does not grow with the number of tokens.
+
+    Used with a :class:`kvlib.Decoder` like :class:`KVCache`; the attention layers then let
+    each token see only the last ``window`` tokens, itself included (as Mistral-7B does with
+    a window of 4,096). Positions keep counting (for RoPE) up to ``max_len``.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, window: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 max_len: int = 2**31 - 1) -> None:
+        nn.Module.__init__(self)
+        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads, window=window,
+                                head_dim=head_dim, max_len=max_len).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"SlidingWindowKVCache: {name} must be a positive int, got {value!r}")
+        self.batch, self.max_len, self.window = batch, max_len, window
+        self.layers = nn.ModuleList(
+            SlidingWindowLayerCache(batch, n_kv_heads, window, head_dim, dtype, device) for _ in range(n_layers))
+        self.pos = 0
+
+    @classmethod
+    def for_model(cls, model: nn.Module, batch: int = 1, max_len: int | None = None, *,
+                  window: int) -> "SlidingWindowKVCache":
+        """A sliding-window cache shaped for ``model``, on its device and in its dtype, keeping
+        ``window`` positions; ``max_len`` (default: the model's ``max_seq_len``) bounds the positions."""
+        cfg = model.config
+        p = next(model.parameters())
+        return cls(cfg.n_layers, batch, cfg.n_kv_heads, window, cfg.head_dim, dtype=p.dtype, device=p.device,
+                   max_len=max_len or cfg.max_seq_len)
+
+    def __repr__(self) -> str:
+        k = self.layers[0].k
+        return (f"SlidingWindowKVCache(layers={len(self.layers)}, window={self.window}, shape per buffer="
+                f"{tuple(k.shape)}, dtype={k.dtype}, pos={self.pos}, {self.nbytes / 2**20:.2f} MiB)")

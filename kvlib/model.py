@@ -51,8 +51,9 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int, cache=None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, offset, cache)
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int, cache=None,
+                window: int | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -83,14 +84,19 @@ class Decoder(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=1.5 / math.sqrt(module.in_features))
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, window: int | None = None) -> torch.Tensor:
         """Logits for every position of ``ids``, or only the last one with ``last_only=True``
-        (what generation needs: ``(batch, 1, vocab)``)."""
+        (what generation needs: ``(batch, 1, vocab)``).
+
+        ``window=W`` runs sliding-window attention (each token sees the last ``W`` tokens,
+        itself included) without a cache; a :class:`kvlib.cache.SlidingWindowKVCache`
+        brings its own window.
+        """
         self._check_ids(ids, cache)
         offset = 0 if cache is None else cache.pos
         x = self.embed(ids)                                        # (batch, seq, d_model)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rope, offset, None if cache is None else cache.layers[i])
+            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window)
         if cache is not None:
             cache.advance(ids.shape[1])
         if last_only:

@@ -171,7 +171,7 @@ def slider_cases(page: str, text: str | None = None) -> list[SliderCase]:
                 order = [int(label) for label in labels]    # the value is the Stack's index
             else:
                 order = list(range(len(labels)))
-            shown = [texts(state, children[i]) if 0 <= i < len(children) else [] for i in order]
+            shown = [rendered_texts(state, children[i]) if 0 <= i < len(children) else [] for i in order]
             for view_index, view_id in enumerate(views):
                 sliders = [m for m in _walk(state, view_id) if state[m]["model_name"] in SLIDER_MODELS]
                 if slider_id in sliders:

@@ -1,0 +1,108 @@
+"""A KV cache stored in 8-bit integers: a quarter of float32's memory, a little rounding error.
+
+Each stored key or value vector (one token, one head: ``head_dim`` numbers) is scaled so
+that its largest magnitude maps to 127, rounded to an integer in ``-127 .. 127`` and kept
+as ``int8``, with its scale kept beside it (one float per vector: *per-token* scales).
+Reading multiplies back (*dequantizes*), so attention computes in float as before; each
+number is off by at most half its vector's scale.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cache import KVCache
+
+__all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache"]
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-vector symmetric int8 quantization over the last dimension.
+
+    Returns ``(q, scale)``: ``q`` int8 of ``x``'s shape, ``scale`` float of shape
+    ``(..., 1)`` with ``scale = max|x| / 127`` for each vector, so ``q * scale ≈ x`` with
+    ``|x - q * scale| <= scale / 2``. An all-zero vector gets scale 0 and stays zero.
+    """
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(x / safe).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q * scale`` in ``dtype``: the numbers :func:`quantize_int8` stood for."""
+    return q.to(dtype) * scale.to(dtype)
+
+
+class Int8LayerKVCache(nn.Module):
+    """Keys and values of one layer as int8 ``(batch, kv_heads, max_len, head_dim)``, plus one
+    scale per stored vector ``(batch, kv_heads, max_len, 1)``.
+
+    Same contract as :class:`kvlib.LayerKVCache`; ``update`` returns dequantized copies (in
+    ``dtype``) of everything stored so far, the new tokens included.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str | None,
+                 scale_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.out_dtype = dtype
+        shape, scale_shape = (batch, n_kv_heads, max_len, head_dim), (batch, n_kv_heads, max_len, 1)
+        for name in ("k", "v"):
+            self.register_buffer(name, torch.zeros(shape, dtype=torch.int8, device=device), persistent=False)
+            self.register_buffer(f"{name}_scale", torch.zeros(scale_shape, dtype=scale_dtype, device=device),
+                                 persistent=False)
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = pos + k.shape[2]
+        for name, x in (("k", k), ("v", v)):
+            q, scale = quantize_int8(x)
+            getattr(self, name)[:, :, pos:end] = q
+            getattr(self, f"{name}_scale")[:, :, pos:end] = scale
+        return (dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end], self.out_dtype),
+                dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.out_dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
+
+
+class Int8KVCache(KVCache):
+    """A KV cache that stores keys and values as int8 with per-token scales and hands them
+    back dequantized to ``dtype`` (the model's dtype, float32 by default).
+
+    A drop-in for :class:`kvlib.KVCache` (``kvlib.generate(..., cache=Int8KVCache.for_model(model))``);
+    ``dtype`` reports the dtype it returns, ``nbytes`` counts the int8 numbers and the scales.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 scale_dtype: torch.dtype = torch.float32) -> None:
+        nn.Module.__init__(self)
+        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
+                                max_len=max_len, head_dim=head_dim).items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Int8KVCache: {name} must be a positive int, got {value!r}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"Int8KVCache: dtype is the floating-point dtype it hands back, got {dtype}")
+        self.batch, self.max_len, self._dtype = batch, max_len, dtype
+        self.layers = nn.ModuleList(
+            Int8LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, scale_dtype)
+            for _ in range(n_layers))
+        self.pos = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype keys and values are handed back in (what the model computes in)."""
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the int8 buffers and their scales (allocated, not just used)."""
+        return sum(layer.nbytes for layer in self.layers)
+
+    def __repr__(self) -> str:
+        k = self.layers[0].k
+        return (f"Int8KVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, stored as int8 "
+                f"+ {self.layers[0].k_scale.dtype} scales, returns {self.dtype}, pos={self.pos}, "
+                f"{self.nbytes / 2**20:.2f} MiB)")
