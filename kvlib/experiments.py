@@ -1,0 +1,177 @@
+"""The chapter's experiments as functions: timing both decoders side by side, sweeping the
+prompt length, and measuring working memory. Notebooks call these so their cells stay short;
+the benchmark command reuses them."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .generate import Generation, generate
+from .measure import peak_memory, sync
+
+# The real-model section's demo: five paragraphs of the course's article and a question
+# about them. Its length (with the chat template, about 380 tokens) was chosen so that on
+# a 2-core laptop CPU the cached/uncached speed-up lands near the course's reference
+# figure; `python -m kvlib.bench` uses the same prompt.
+DEMO_PASSAGE = (
+    "A language model writes one token at a time. A token is a word or a piece of a word. To "
+    "choose each new token, the model looks back over everything it has written so far. For "
+    "every earlier token it builds two small lists of numbers: a key, which works like a "
+    "label saying what that token is about, and a value, the information it hands over when a "
+    "later token looks it up."
+    "\n\n"
+    "The KV cache (K for keys, V for values) simply keeps those lists in memory. They are "
+    "built once and reused, instead of being rebuilt from scratch at every step."
+    "\n\n"
+    "The video compares two ways of producing the same AI answer: with the cache it takes "
+    "about 9 seconds, without it about 79, and the words come out identical. In the course's "
+    "test behind it, the answer is 48 tokens long and the exact times are 8.85 s and 78.95 s. "
+    "Nothing was lost. Only repeated work was removed, and the answer arrived roughly nine "
+    "times sooner."
+    "\n\n"
+    "The trick depends on a rule built into these models: a token can only look backwards, "
+    "never forwards. Experts call this the causal mask. So when token number 8 arrives, token "
+    "number 7 cannot see it, and its key and value stay exactly as they were. Recomputing "
+    "them gives the same numbers again, so storing them is pure savings."
+    "\n\n"
+    "With the cache, each step feeds the model just the one new token. That token compares "
+    "itself against all the stored keys and collects what it needs from the stored values."
+)
+DEMO_QUESTION = "In two sentences: what does the KV cache keep, and why does that make writing faster?"
+
+
+def demo_prompt(tokenizer) -> list[int]:
+    """Token ids of the demo chat turn: :data:`DEMO_PASSAGE`, a blank line, :data:`DEMO_QUESTION`."""
+    return tokenizer.encode_chat(DEMO_PASSAGE + "\n\n" + DEMO_QUESTION)
+
+
+@dataclass
+class SpeedComparison:
+    """One prompt generated with and without the cache: tokens, logits and wall-clock times."""
+
+    prompt_len: int
+    n_new: int
+    cached: Generation
+    uncached: Generation
+    cached_seconds: list[float] = field(default_factory=list)
+    uncached_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.cached.tokens == self.uncached.tokens
+
+    @property
+    def max_logit_diff(self) -> float:
+        """Largest absolute difference between the logits the two paths chose each token from."""
+        return float((self.cached.logits - self.uncached.logits).abs().max())
+
+    @property
+    def cached_median(self) -> float:
+        return statistics.median(self.cached_seconds)
+
+    @property
+    def uncached_median(self) -> float:
+        return statistics.median(self.uncached_seconds)
+
+    @property
+    def ratio(self) -> float:
+        """How many times longer the uncached run took (median over median)."""
+        return self.uncached_median / self.cached_median
+
+
+def _timed(model, prompt, n_new, use_cache) -> tuple[Generation, float]:
+    sync()
+    t0 = time.perf_counter()
+    out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True)
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def compare_speed(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int, *,
+                  repeats_cached: int = 3, repeats_uncached: int = 1, warmup_tokens: int = 4,
+                  progress: bool = True) -> SpeedComparison:
+    """Generate ``n_new`` greedy tokens both ways, in one process with the same thread count.
+
+    A short warm-up of both paths runs first (untimed), so that one-off costs such as
+    memory allocation and kernel selection do not land on either side. Each timed run is
+    the wall-clock time of a whole ``generate`` call; with several repeats the medians
+    are compared.
+    """
+    generate(model, prompt_ids, warmup_tokens, use_cache=True)
+    generate(model, prompt_ids, warmup_tokens, use_cache=False)
+    runs = [(True, i) for i in range(repeats_cached)] + [(False, i) for i in range(repeats_uncached)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(runs), desc=f"{n_new} tokens, both ways", unit="run")
+    gens: dict[bool, Generation] = {}
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    for use_cache, _ in runs:
+        out, s = _timed(model, prompt_ids, n_new, use_cache)
+        gens[use_cache] = out
+        seconds[use_cache].append(s)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return SpeedComparison(len(prompt_ids), n_new, gens[True], gens[False], seconds[True], seconds[False])
+
+
+def speed_sweep(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_new: int, *,
+                progress: bool = True) -> list[SpeedComparison]:
+    """:func:`compare_speed` (one timed run each way) for each prompt; a progress bar over the prompts."""
+    items = prompts
+    if progress:
+        from tqdm.auto import tqdm
+        items = tqdm(prompts, desc="prompt lengths", unit="prompt")
+    return [compare_speed(model, p, n_new, repeats_cached=1, repeats_uncached=1, warmup_tokens=2,
+                          progress=False) for p in items]
+
+
+@dataclass
+class MemoryComparison:
+    """Peak working memory (bytes of tensors alive at once) of generating with and without the cache."""
+
+    prompt_len: int
+    n_new: int
+    cached: int          # the whole cached generation, the cache itself included
+    uncached: int        # the uncached generation's largest step: only the last position's logits
+    uncached_all_logits: int   # the same step computing logits for every position, as a naive loop does
+    cache_bytes: int     # of which the KV cache itself
+
+
+def compare_memory(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int) -> MemoryComparison:
+    """Measure working memory both ways with :class:`kvlib.measure.TensorMemoryTracker`.
+
+    The cached generation is measured whole. An uncached generation is a series of
+    independent forward passes over a growing sequence, so its peak is the peak of its
+    last and longest step (context ``prompt_len + n_new - 1``); that step is measured on
+    its own instead of running every step (:func:`uncached_peak_is_last_step` checks
+    this on a short run: the two agree up to the few kilobytes of the previous step's logits).
+    """
+    from .cache import KVCache
+
+    cache = KVCache.for_model(model, batch=1, max_len=len(prompt_ids) + n_new)
+    cached = peak_memory(lambda: generate(model, prompt_ids, n_new, use_cache=True, cache=cache))
+    # The cache was allocated outside the measured block; count it as the working memory it is.
+    cached += cache.nbytes
+    last = torch.randint(0, model.config.vocab_size, (1, len(prompt_ids) + n_new - 1),
+                         generator=torch.Generator().manual_seed(0)).to(next(model.parameters()).device)
+    with torch.no_grad():
+        lean = peak_memory(lambda: model(last, last_only=True))
+        naive = peak_memory(lambda: model(last))
+    return MemoryComparison(len(prompt_ids), n_new, cached, lean, naive, cache.nbytes)
+
+
+def uncached_peak_is_last_step(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int) -> tuple[int, int]:
+    """(peak of a whole uncached generation, peak of its last step alone): equal when the claim holds."""
+    ids = generate(model, prompt_ids, n_new, use_cache=False)
+    whole = peak_memory(lambda: generate(model, prompt_ids, n_new, use_cache=False))
+    last = torch.tensor([list(prompt_ids) + ids[:-1]], device=next(model.parameters()).device)
+    with torch.no_grad():
+        step = peak_memory(lambda: model(last, last_only=True))
+    return whole, step
