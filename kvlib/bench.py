@@ -3,10 +3,13 @@
 In one run, on the same prompt (the real-model section's demo), weights, thread count and
 number of new tokens, it
 
-1. measures this machine's memory bandwidth (reading a large buffer);
-2. times kvlib ``generate`` with and without the cache, and transformers' ``generate``
-   with ``use_cache=True`` and ``False`` (greedy; warm-up first; several repeats; medians);
-3. checks that all four produce the same tokens;
+1. measures this machine's memory bandwidth (reading a large buffer), and how fast the
+   matrix-vector products alone read the model's weights (the *weight-read floor*: a decode
+   step can be no faster with these kernels);
+2. times kvlib ``generate`` with and without the cache (and, unless ``--no-compile``, with
+   the cache and ``compile=True``), and transformers' ``generate`` with ``use_cache=True``
+   and ``False`` (greedy; warm-up first; several repeats; medians);
+3. checks that all of them produce the same tokens;
 4. prints a table of tokens/s, the ratios between them, and kvlib's share of the bandwidth
    limit (the rate at which decoding could go if every step only had to read the weights
    once at the measured bandwidth), and writes it as JSON and markdown.
@@ -57,6 +60,26 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
     return nbytes / statistics.median(times)
 
 
+def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
+    """Seconds to run every weight matrix of ``model`` once as a matrix-vector product, back to back.
+
+    The same ``F.linear`` kernels a decode step uses, on one vector of the right width, with
+    nothing in between: no decode step with these kernels can be faster than this.
+    """
+    import torch.nn.functional as F
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] + [model.embed.weight]
+    x = {w.shape[1]: torch.randn(1, 1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            for w in weights:
+                F.linear(x[w.shape[1]], w)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
 def machine_description() -> dict:
     """What the numbers were measured on."""
     cpu = platform.processor() or platform.machine()
@@ -71,16 +94,18 @@ def machine_description() -> dict:
             "python": platform.python_version(), "torch": torch.__version__, "os": platform.platform()}
 
 
-def _time_kvlib(model, prompt, n_new, use_cache, repeats) -> Row:
-    generate(model, prompt, 4, use_cache=use_cache)                      # warm-up
+def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False) -> Row:
+    generate(model, prompt, 4, use_cache=use_cache, compile=compile)     # warm-up (and compilation)
     seconds, steps, tokens = [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True)
+        out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
         seconds.append(time.perf_counter() - t0)
         steps += [r.seconds for r in out.records[1:]]
         tokens = out.tokens
     name = "kvlib, with cache" if use_cache else "kvlib, without cache"
+    if compile:
+        name += ", compiled"
     return Row(name, seconds, statistics.median(steps) if use_cache else None, tokens)
 
 
@@ -145,7 +170,7 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
 
 
 def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: int | None = None,
-        progress: bool = True) -> dict:
+        progress: bool = True, compile: bool = True) -> dict:
     """Run the whole benchmark and return its results as a JSON-ready dict."""
     import warnings
 
@@ -170,6 +195,8 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                         dtype=torch.float32).eval()
     prompt = demo_prompt(tok)
+    say("timing the weight-read floor (every weight matrix once, back to back) ...")
+    floor = weight_read_floor(model)
     rows = []
     for label, fn, use_cache, reps in [
         ("kvlib, with cache", _time_kvlib, True, repeats),
@@ -179,6 +206,14 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     ]:
         say(f"timing {label} ({reps} run{'s' if reps > 1 else ''}) ...")
         rows.append(fn(model if fn is _time_kvlib else hf_model, prompt, n_new, use_cache, reps))
+    compile_seconds = None
+    if compile:
+        say("compiling kvlib's decode step with torch.compile (about a minute on two cores) ...")
+        t0 = time.perf_counter()
+        generate(model, prompt, 2, compile=True)
+        compile_seconds = time.perf_counter() - t0
+        say(f"timing kvlib, with cache, compiled ({repeats} runs) ...")
+        rows.insert(1, _time_kvlib(model, prompt, n_new, True, repeats, compile=True))
     say("profiling one decode step ...")
     prof = profile_decode_step(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -186,6 +221,23 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     by = {r.name: r for r in rows}
     kv_c, hf_c = by["kvlib, with cache"], by["transformers, with cache"]
     kv_u, hf_u = by["kvlib, without cache"], by["transformers, without cache"]
+    kv_cc = by.get("kvlib, with cache, compiled")
+    ratios = {
+        "kvlib_cached_vs_transformers_cached_decode": hf_c.decode_step_seconds / kv_c.decode_step_seconds,
+        "kvlib_cached_vs_transformers_cached_total": hf_c.median / kv_c.median,
+        "kvlib_uncached_over_cached": kv_u.median / kv_c.median,
+        "transformers_uncached_over_cached": hf_u.median / hf_c.median,
+        "kvlib_decode_share_of_bandwidth_limit": limit_step / kv_c.decode_step_seconds,
+        "transformers_decode_share_of_bandwidth_limit": limit_step / hf_c.decode_step_seconds,
+        "weight_read_floor_share_of_bandwidth_limit": limit_step / floor,
+        "weight_read_floor_vs_transformers_cached_decode": hf_c.decode_step_seconds / floor,
+    }
+    if kv_cc is not None:
+        ratios.update({
+            "kvlib_compiled_vs_transformers_cached_decode": hf_c.decode_step_seconds / kv_cc.decode_step_seconds,
+            "kvlib_compiled_decode_share_of_bandwidth_limit": limit_step / kv_cc.decode_step_seconds,
+            "kvlib_uncached_over_compiled_cached": kv_u.median / kv_cc.median,
+        })
     return {
         "machine": machine_description(),
         "prompt_tokens": len(prompt),
@@ -194,19 +246,14 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         "bandwidth_gb_s": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
         "bandwidth_limit_tokens_per_s": 1 / limit_step,
+        "weight_read_floor_ms": floor * 1e3,
+        "compile_seconds": compile_seconds,
         "rows": [{"name": r.name, "seconds": r.seconds, "median_seconds": r.median,
                   "tokens_per_s": n_new / r.median,
                   "decode_tokens_per_s": (1 / r.decode_step_seconds) if r.decode_step_seconds else None}
                  for r in rows],
         "same_tokens": all(r.tokens == kv_c.tokens for r in rows),
-        "ratios": {
-            "kvlib_cached_vs_transformers_cached_decode": hf_c.decode_step_seconds / kv_c.decode_step_seconds,
-            "kvlib_cached_vs_transformers_cached_total": hf_c.median / kv_c.median,
-            "kvlib_uncached_over_cached": kv_u.median / kv_c.median,
-            "transformers_uncached_over_cached": hf_u.median / hf_c.median,
-            "kvlib_decode_share_of_bandwidth_limit": limit_step / kv_c.decode_step_seconds,
-            "transformers_decode_share_of_bandwidth_limit": limit_step / hf_c.decode_step_seconds,
-        },
+        "ratios": ratios,
         "profile": prof,
         "answer": tok.decode(kv_c.tokens),
         "date": time.strftime("%Y-%m-%d"),
@@ -222,7 +269,8 @@ def to_markdown(result: dict) -> str:
         "",
         f"Prompt: {result['prompt_tokens']} tokens (the real-model section's demo); {result['new_tokens']} new "
         f"greedy tokens; medians of {result['repeats']['cached']} runs with the cache and "
-        f"{result['repeats']['uncached']} without. Same tokens from all four: **{result['same_tokens']}**.",
+        f"{result['repeats']['uncached']} without. Same tokens from all {len(result['rows'])}: "
+        f"**{result['same_tokens']}**.",
         "",
         "| implementation | time for all tokens | tokens/s (whole call) | decode tokens/s (one-token steps) |",
         "|---|---:|---:|---:|",
@@ -236,15 +284,37 @@ def to_markdown(result: dict) -> str:
         f"{result['weight_bytes'] / 1e6:.0f} MB, so reading them once per token allows at most "
         f"{result['bandwidth_limit_tokens_per_s']:.1f} tokens/s.",
         "",
+        f"Weight-read floor: running every weight matrix once as a matrix-vector product, back to back, "
+        f"with the same kernels and nothing in between, takes {result['weight_read_floor_ms']:.1f} ms, "
+        f"{100 * r['weight_read_floor_share_of_bandwidth_limit']:.0f} % of the bandwidth limit. No decode step "
+        f"made of these products can beat it: at best {1e3 / result['weight_read_floor_ms']:.1f} tokens/s, "
+        f"{r['weight_read_floor_vs_transformers_cached_decode']:.2f}× transformers' cached decode.",
+        "",
         "| ratio | value |",
         "|---|---:|",
-        f"| kvlib cached decode / transformers cached decode (tokens/s) | {r['kvlib_cached_vs_transformers_cached_decode']:.2f}× |",
-        f"| kvlib cached / transformers cached, whole call | {r['kvlib_cached_vs_transformers_cached_total']:.2f}× |",
-        f"| kvlib: time without cache / with cache | {r['kvlib_uncached_over_cached']:.1f}× |",
-        f"| transformers: time without cache / with cache | {r['transformers_uncached_over_cached']:.1f}× |",
-        f"| kvlib cached decode, share of the bandwidth limit | {100 * r['kvlib_decode_share_of_bandwidth_limit']:.0f} % |",
-        f"| transformers cached decode, share of the bandwidth limit | {100 * r['transformers_decode_share_of_bandwidth_limit']:.0f} % |",
     ]
+    compiled = "kvlib_compiled_vs_transformers_cached_decode" in r
+    ratio_rows = [
+        ("kvlib cached decode / transformers cached decode (tokens/s)", r["kvlib_cached_vs_transformers_cached_decode"], "x"),
+        ("kvlib compiled cached decode / transformers cached decode (tokens/s)",
+         r.get("kvlib_compiled_vs_transformers_cached_decode"), "x"),
+        ("kvlib cached / transformers cached, whole call", r["kvlib_cached_vs_transformers_cached_total"], "x"),
+        ("kvlib: time without cache / with cache", r["kvlib_uncached_over_cached"], "x1"),
+        ("kvlib: time without cache / with cache, compiled", r.get("kvlib_uncached_over_compiled_cached"), "x1"),
+        ("transformers: time without cache / with cache", r["transformers_uncached_over_cached"], "x1"),
+        ("kvlib cached decode, share of the bandwidth limit", r["kvlib_decode_share_of_bandwidth_limit"], "%"),
+        ("kvlib compiled cached decode, share of the bandwidth limit",
+         r.get("kvlib_compiled_decode_share_of_bandwidth_limit"), "%"),
+        ("transformers cached decode, share of the bandwidth limit", r["transformers_decode_share_of_bandwidth_limit"], "%"),
+    ]
+    for label, value, kind in ratio_rows:
+        if value is None:
+            continue
+        shown = {"x": f"{value:.2f}×", "x1": f"{value:.1f}×", "%": f"{100 * value:.0f} %"}[kind]
+        lines.append(f"| {label} | {shown} |")
+    if compiled:
+        lines += ["", f"Compiling the decode step (`generate(..., compile=True)`, first call) took "
+                      f"{fmt_seconds(result['compile_seconds'])}; later calls reuse the compiled code."]
     p = result.get("profile")
     if p:
         lines += [
@@ -266,10 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs with the cache (median)")
     parser.add_argument("--repeats-uncached", type=int, default=1, help="timed runs without the cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile row (it needs a C++ compiler and about a minute)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
                         help="folder for bench.json and bench.md (default: _build/bench)")
     args = parser.parse_args(argv)
-    result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads)
+    result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     md = to_markdown(result)

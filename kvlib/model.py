@@ -22,10 +22,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in at least float32, as Llama does, so bfloat16 models stay stable.
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if x.dtype in (torch.float16, torch.bfloat16):
+            # Normalise in float32, as Llama does, so half-precision models stay stable.
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * xf.to(x.dtype)
+        # The same formula as one fused operator (bit-for-bit equal in float32): one call
+        # instead of five matters when a decode step runs 61 of them.
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class MLP(nn.Module):

@@ -1,0 +1,69 @@
+"""The optional compiled decode step (``generate(..., compile=True)``) must choose the same tokens.
+
+Compiling takes a while even for a tiny model (about 20 s on two cores), so one model is
+compiled once for the module and every test reuses it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlib import Config, Decoder, KVCache, generate
+from kvlib.compiled import compiled_decode_step
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = Config(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48, max_seq_len=96)
+    return Decoder(cfg).eval()
+
+
+def test_compiled_generation_matches_eager(model):
+    prompt = [3, 14, 15, 9, 26, 5, 35]
+    eager = generate(model, prompt, 24, return_records=True)
+    compiled = generate(model, prompt, 24, return_records=True, compile=True)
+    assert compiled.tokens == eager.tokens
+    torch.testing.assert_close(compiled.logits, eager.logits, atol=1e-5, rtol=1e-5)
+    # the tokens are not a trivial repetition, so the comparison could fail
+    assert len(set(eager.tokens)) > 3
+
+
+def test_one_compilation_serves_new_caches_and_lengths(model):
+    from torch._dynamo.utils import counters
+
+    generate(model, [1, 2, 3], 4, compile=True)            # compiled (or already compiled above)
+    before = counters["stats"]["unique_graphs"]
+    for prompt_len, n_new in [(5, 9), (30, 20), (2, 60)]:  # new caches of other lengths, other positions
+        out = generate(model, list(range(1, prompt_len + 1)), n_new, compile=True)
+        assert out == generate(model, list(range(1, prompt_len + 1)), n_new)
+    assert counters["stats"]["unique_graphs"] == before, "a new cache length made torch.compile compile again"
+
+
+def test_compiled_step_is_made_once_per_model(model):
+    assert compiled_decode_step(model) is compiled_decode_step(model)
+
+
+def test_compiled_step_rejects_more_than_one_token(model):
+    cache = KVCache.for_model(model, max_len=16)
+    step = compiled_decode_step(model)
+    with pytest.raises(ValueError, match=r"one new token .* shape \(batch, 1\).* got \(1, 3\)"):
+        step(torch.tensor([[1, 2, 3]]), cache)
+
+
+def test_compiled_step_checks_like_the_model(model):
+    cache = KVCache.for_model(model, max_len=2)
+    step = compiled_decode_step(model)
+    step(torch.tensor([[1]]), cache)
+    step(torch.tensor([[2]]), cache)
+    with pytest.raises(ValueError, match="KV cache is full"):
+        step(torch.tensor([[3]]), cache)
+    with pytest.raises(ValueError, match="must lie in 0..63"):
+        step(torch.tensor([[64]]), KVCache.for_model(model, max_len=4))
+
+
+def test_compile_needs_the_cache(model):
+    with pytest.raises(ValueError, match="compile=True .* use_cache=True"):
+        generate(model, [1, 2], 3, use_cache=False, compile=True)
