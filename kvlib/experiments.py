@@ -83,10 +83,10 @@ class SpeedComparison:
         return self.uncached_median / self.cached_median
 
 
-def _timed(model, prompt, n_new, use_cache) -> tuple[Generation, float]:
+def _timed(model, prompt, n_new, use_cache, compile=False) -> tuple[Generation, float]:
     sync()
     t0 = time.perf_counter()
-    out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True)
+    out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
     sync()
     return out, time.perf_counter() - t0
 
@@ -130,6 +130,68 @@ def speed_sweep(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_new:
         items = tqdm(prompts, desc="prompt lengths", unit="prompt")
     return [compare_speed(model, p, n_new, repeats_cached=1, repeats_uncached=1, warmup_tokens=2,
                           progress=False) for p in items]
+
+
+@dataclass
+class CompiledComparison:
+    """Cached decoding as written and compiled (``generate(..., compile=True)``), timed side by side."""
+
+    compile_seconds: float     # the first compiled call: tracing and compiling the decode step
+    eager: Generation
+    compiled: Generation
+    eager_seconds: list[float] = field(default_factory=list)
+    compiled_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.eager.tokens == self.compiled.tokens
+
+    @property
+    def eager_median(self) -> float:
+        return statistics.median(self.eager_seconds)
+
+    @property
+    def compiled_median(self) -> float:
+        return statistics.median(self.compiled_seconds)
+
+    @property
+    def eager_step(self) -> float:
+        """Median seconds of a one-token step (the prefill left out), as written."""
+        return statistics.median(r.seconds for r in self.eager.records[1:])
+
+    @property
+    def compiled_step(self) -> float:
+        """Median seconds of a one-token step, compiled."""
+        return statistics.median(r.seconds for r in self.compiled.records[1:])
+
+
+def compare_compiled(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int, *,
+                     repeats: int = 3, progress: bool = True) -> CompiledComparison:
+    """Compile the decode step once, then time cached generation as written and compiled, alternately.
+
+    Alternating the runs puts any drift of the machine's speed on both sides alike.
+    """
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=1 + 2 * repeats, desc="compiling the decode step", unit="run")
+    t0 = time.perf_counter()
+    generate(model, prompt_ids, 2, compile=True)
+    compile_seconds = time.perf_counter() - t0
+    if bar is not None:
+        bar.update()
+        bar.set_description(f"{n_new} tokens, as written and compiled")
+    gens: dict[bool, Generation] = {}
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for compiled in (False, True):
+            gens[compiled], s = _timed(model, prompt_ids, n_new, True, compile=compiled)
+            seconds[compiled].append(s)
+            if bar is not None:
+                bar.update()
+    if bar is not None:
+        bar.close()
+    return CompiledComparison(compile_seconds, gens[False], gens[True], seconds[False], seconds[True])
 
 
 @dataclass

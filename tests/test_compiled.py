@@ -67,3 +67,13 @@ def test_compiled_step_checks_like_the_model(model):
 def test_compile_needs_the_cache(model):
     with pytest.raises(ValueError, match="compile=True .* use_cache=True"):
         generate(model, [1, 2], 3, use_cache=False, compile=True)
+
+
+def test_compare_compiled_times_both_side_by_side(model):
+    from kvlib.experiments import compare_compiled
+
+    result = compare_compiled(model, [1, 2, 3, 4], 6, repeats=2, progress=False)
+    assert result.identical
+    assert len(result.eager_seconds) == len(result.compiled_seconds) == 2
+    assert len(result.eager.records) == len(result.compiled.records) == 6
+    assert result.compile_seconds > 0 and result.eager_step > 0 and result.compiled_step > 0
