@@ -313,8 +313,10 @@ def to_markdown(result: dict) -> str:
         shown = {"x": f"{value:.2f}×", "x1": f"{value:.1f}×", "%": f"{100 * value:.0f} %"}[kind]
         lines.append(f"| {label} | {shown} |")
     if compiled:
-        lines += ["", f"Compiling the decode step (`generate(..., compile=True)`, first call) took "
-                      f"{fmt_seconds(result['compile_seconds'])}; later calls reuse the compiled code."]
+        lines += ["", f"The first compiled call (`generate(..., compile=True)`) took "
+                      f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
+                      "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
+                      "on the same machine compiled the same step."]
     p = result.get("profile")
     if p:
         lines += [
