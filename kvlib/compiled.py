@@ -14,14 +14,18 @@ later calls, also for new caches of any length, reuse the compiled code. Use it 
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
 
 from .cache import KVCache
 
-_compiled: "weakref.WeakKeyDictionary[torch.nn.Module, CompiledDecodeStep]" = weakref.WeakKeyDictionary()
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions torch.compile raises when it cannot build the code (not errors of the model)."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor.exc import CppCompileError, InductorError
+
+    return BackendCompilerFailed, InductorError, CppCompileError
 
 
 def _one_token_logits(model: torch.nn.Module, x: torch.Tensor, offset: int, cache: KVCache) -> torch.Tensor:
@@ -52,7 +56,7 @@ class CompiledDecodeStep:
             with torch._dynamo.config.patch(force_nn_module_property_static_shapes=False,
                                             force_parameter_static_shapes=False):
                 logits = self._fn(self.model, self.model.embed(ids), cache.pos, cache)
-        except Exception as err:   # most often: no C++ compiler for the CPU backend
+        except _compile_errors() as err:   # most often: no C++ compiler for the CPU backend
             raise RuntimeError(
                 f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "
                 "On a CPU it needs a working C++ compiler (gcc or clang). Use compile=False "
@@ -62,8 +66,11 @@ class CompiledDecodeStep:
 
 
 def compiled_decode_step(model: torch.nn.Module) -> CompiledDecodeStep:
-    """The compiled one-token step for ``model``, made once per model and then reused."""
-    step = _compiled.get(model)
+    """The compiled one-token step for ``model``, made once per model and then reused.
+
+    It is kept on the model itself, so it goes away with the model.
+    """
+    step = model.__dict__.get("_compiled_decode_step")
     if step is None:
-        step = _compiled[model] = CompiledDecodeStep(model)
+        step = model.__dict__["_compiled_decode_step"] = CompiledDecodeStep(model)
     return step

@@ -77,3 +77,18 @@ def test_compare_compiled_times_both_side_by_side(model):
     assert len(result.eager_seconds) == len(result.compiled_seconds) == 2
     assert len(result.eager.records) == len(result.compiled.records) == 6
     assert result.compile_seconds > 0 and result.eager_step > 0 and result.compiled_step > 0
+
+
+def test_a_failing_compiler_gives_a_clear_error(model, monkeypatch):
+    from torch._inductor.exc import InductorError
+
+    from kvlib.compiled import CompiledDecodeStep
+
+    step = CompiledDecodeStep(model)
+
+    def no_compiler(*args, **kwargs):
+        raise InductorError(RuntimeError("Failed to find a C++ compiler"), "")
+
+    monkeypatch.setattr(step, "_fn", no_compiler)
+    with pytest.raises(RuntimeError, match=r"needs a working C\+\+ compiler .* compile=False"):
+        step(torch.tensor([[1]]), KVCache.for_model(model, max_len=4))
