@@ -1,9 +1,9 @@
 """An optional faster decode step: the same layers, compiled with ``torch.compile``.
 
-Run eagerly, a cached decode step of SmolLM2-135M makes about a thousand small operator
-calls (norms, rotary embedding, cache writes, attention over 30 layers) around its 211
-matrix products. Each call costs a few microseconds of Python and dispatch, which adds up
-to a third of the step on a CPU. ``torch.compile`` traces the step once and fuses the
+Run eagerly, a cached decode step of SmolLM2-135M makes thousands of small operator calls
+(norms, rotary embedding, cache writes, attention over 30 layers) around its 211 matrix
+products. Each call costs a few microseconds of Python and dispatch, which adds up to about
+a third of the step on a CPU (``python -m kvlib.bench`` profiles it). ``torch.compile`` traces the step once and fuses the
 small operations into a few generated kernels; the matrix products, which read the
 weights, stay the same library calls. The tokens are the same (the arithmetic is the same
 up to the order of a few float roundings, checked in ``tests/test_compiled.py``).
