@@ -208,7 +208,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         rows.append(fn(model if fn is _time_kvlib else hf_model, prompt, n_new, use_cache, reps))
     compile_seconds = None
     if compile:
-        say("compiling kvlib's decode step with torch.compile (about a minute on two cores) ...")
+        say("compiling kvlib's decode step with torch.compile (one to two minutes on two cores) ...")
         t0 = time.perf_counter()
         generate(model, prompt, 2, compile=True)
         compile_seconds = time.perf_counter() - t0
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats-uncached", type=int, default=1, help="timed runs without the cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile row (it needs a C++ compiler and about a minute)")
+                        help="skip the torch.compile row (it needs a C++ compiler and a minute or two)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
                         help="folder for bench.json and bench.md (default: _build/bench)")
     args = parser.parse_args(argv)
