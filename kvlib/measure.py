@@ -13,12 +13,13 @@ import torch
 
 
 def fmt_seconds(seconds: float) -> str:
-    """``0.0123 -> '12.3 ms'``, ``2.5 -> '2.50 s'``."""
+    """``0.0123 -> '12.3 ms'``, ``2.5 -> '2.50 s'`` (a difference of times may be negative: ``'-1.2 ms'``)."""
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} µs"
+        return f"{sign}{seconds * 1e6:.0f} µs"
     if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds:.2f} s"
+        return f"{sign}{seconds * 1e3:.1f} ms"
+    return f"{sign}{seconds:.2f} s"
 
 
 def fmt_ratio(ratio: float, word: str = "faster") -> str:
@@ -26,11 +27,23 @@ def fmt_ratio(ratio: float, word: str = "faster") -> str:
     return f"{ratio:.1f}× {word}"
 
 
+def fmt_approx(value: float, spec: str = ".1e") -> str:
+    """A figure that depends on the machine, e.g. ``'≈ 8.3e-07'``: a rounding difference, a
+    quality measure computed through rounded arithmetic, a fitted exponent.
+
+    Such a figure differs between CPUs, BLAS kernels and thread counts, so the notebook
+    tests (``tests/nbval_sanitize.cfg``) replace the pattern ``≈ <number>`` before comparing.
+    Print it beside a fact that holds with margin on every machine (``below 1e-5: True``),
+    which nbval does compare. ``spec`` is the format of the number (``".3f"``, ``".1%"``, ...).
+    """
+    return f"≈ {value:{spec}}"
+
+
 def fmt_exponent(exponent: float) -> str:
     """A growth exponent fitted to *measured* times, e.g. ``'measured exponent ≈ 1.43'``
-    (``tests/nbval_sanitize.cfg`` replaces this pattern; exponents of counted FLOPs are
-    exact and printed as plain numbers)."""
-    return f"measured exponent ≈ {exponent:.2f}"
+    (a :func:`fmt_approx` figure; exponents of counted FLOPs are exact and printed as plain
+    numbers)."""
+    return f"measured exponent {fmt_approx(exponent, '.2f')}"
 
 
 def sync(device: torch.device | str | None = None) -> None:
@@ -164,3 +177,30 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError
+
+
+def matmul_flops_per_second(n: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Floating-point operations per second of one dense ``(n, n) @ (n, n)`` product on this
+    machine, with the current thread count: the arithmetic a compute-bound step can hope for.
+
+    The median of ``repeats`` timed products after a warm-up; ``2 n³`` FLOPs each.
+    """
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, repeats=repeats, warmup=1)
+
+
+def next_token_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far ``other``'s next-token predictions are from ``reference``'s, position by position.
+
+    Both are logits of shape ``(..., vocab)``. Returns ``(kl, same_top1)`` of shape ``(...)``:
+    the KL divergence ``KL(p_reference || p_other)`` of the two softmax distributions in nats
+    (computed in float64, so it is not itself a rounding artefact), and whether the two agree
+    on the most likely token.
+    """
+    if reference.shape != other.shape:
+        raise ValueError(f"logits of different shapes: {tuple(reference.shape)} and {tuple(other.shape)}")
+    ref = torch.log_softmax(reference.double(), dim=-1)
+    oth = torch.log_softmax(other.double(), dim=-1)
+    kl = (ref.exp() * (ref - oth)).sum(dim=-1)
+    return kl, reference.argmax(dim=-1) == other.argmax(dim=-1)

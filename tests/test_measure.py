@@ -5,17 +5,25 @@ import re
 
 import torch
 
-from kvlib.measure import (TensorMemoryTracker, count_flops, fmt_bytes, fmt_ratio, fmt_seconds,
-                           median_seconds, peak_memory)
+from kvlib.measure import (TensorMemoryTracker, count_flops, fmt_approx, fmt_bytes, fmt_exponent, fmt_ratio,
+                           fmt_seconds, median_seconds, peak_memory)
 
 
 def test_formats_match_the_nbval_sanitizer():
     """Measured numbers are printed in exactly the forms tests/nbval_sanitize.cfg replaces."""
     cfg = open("tests/nbval_sanitize.cfg", encoding="utf-8").read()
     patterns = [re.compile(m) for m in re.findall(r"^regex: (.*)$", cfg, flags=re.M)]
-    for text in (fmt_seconds(2e-5), fmt_seconds(0.0123), fmt_seconds(3.21), fmt_ratio(8.73), fmt_ratio(1.2, "slower")):
+    for text in (fmt_seconds(2e-5), fmt_seconds(0.0123), fmt_seconds(3.21), fmt_seconds(-0.0123), fmt_ratio(8.73),
+                 fmt_ratio(1.2, "slower"), "-2.9 % of an uncached step", "71 % of the floor",
+                 fmt_approx(8.3e-07), fmt_approx(0.0), fmt_approx(1234.5, ",.1f"), fmt_approx(0.973, ".1%"),
+                 fmt_approx(-0.25, ".3f")):
         assert any(p.fullmatch(text) for p in patterns), text
-    assert fmt_seconds(0.0123) == "12.3 ms" and fmt_seconds(3.21) == "3.21 s"
+    # ... and nothing else: exact numbers, counts, booleans and shapes stay compared.
+    for text in ("8.3e-07", "0.007", "1,234", "True", "(1, 9, 64)", "29.3 GFLOP", "below 1e-5"):
+        assert not any(p.search(text) for p in patterns), text
+    assert fmt_exponent(1.43) == "measured exponent " + fmt_approx(1.43, ".2f")
+    assert fmt_approx(8.3e-07) == "≈ 8.3e-07" and fmt_approx(0.973, ".1%") == "≈ 97.3%"
+    assert fmt_seconds(0.0123) == "12.3 ms" and fmt_seconds(3.21) == "3.21 s" and fmt_seconds(-0.0123) == "-12.3 ms"
     assert fmt_ratio(8.73) == "8.7× faster"
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(100) == "100 B"
 
