@@ -18,7 +18,7 @@ from .config import Config
 from .generate import Generation, StepRecord, generate
 from .memory import kv_cache_bytes
 from .model import Decoder
-from .quant_cache import Int8KVCache
+from .quant_cache import HalfKVCache, Int8KVCache
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from .smollm2 import load_smollm2
@@ -37,7 +37,7 @@ _LAZY = {
 
 __all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "Generation", "StepRecord",
            "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path",
-           "SlidingWindowKVCache", "Int8KVCache", "kv_cache_bytes", "MODEL_SHAPES"]
+           "SlidingWindowKVCache", "Int8KVCache", "HalfKVCache", "kv_cache_bytes", "MODEL_SHAPES"]
 __version__ = "0.1.0"
 
 

@@ -13,7 +13,7 @@ from .rope import RotaryEmbedding
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     window: int | None = None) -> torch.Tensor:
+                     window: int | None = None, sinks: int = 0) -> torch.Tensor:
     """Scaled dot-product attention where query ``i`` sees keys ``0 .. offset + i``.
 
     Shapes: ``q`` is ``(batch, heads, q_len, head_dim)``; ``k`` and ``v`` are
@@ -24,7 +24,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     which computes the same thing.
 
     With ``window=W`` (sliding-window attention) each query sees only the last ``W``
-    keys up to itself, itself included: the causal triangle cut to a band.
+    keys up to itself, itself included: the causal triangle cut to a band (plus the first
+    ``sinks`` keys, see :func:`banded_mask`).
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
     group = q.shape[1] // k.shape[1]
@@ -34,23 +35,32 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     offset = k_len - q_len
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(diagonal=offset)
     if window is not None:
-        allowed = allowed & banded_mask(q_len, k_len, window, q.device)
+        allowed = allowed & banded_mask(q_len, k_len, window, q.device, sinks=sinks)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(dim=-1) @ v                            # (batch, heads, q_len, head_dim)
 
 
-def banded_mask(q_len: int, k_len: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
+def banded_mask(q_len: int, k_len: int, window: int, device: torch.device | str | None = None,
+                sinks: int = 0) -> torch.Tensor:
     """``(q_len, k_len)`` booleans: query ``i`` may see key ``j`` when ``j`` is one of the last
     ``window`` positions up to and including the query's own.
 
     As everywhere in this module, the queries are the last ``q_len`` of the ``k_len`` key
     positions (offset ``k_len - q_len``). ``window >= k_len`` gives the plain causal mask.
+    ``sinks=S`` also lets every query see the first ``S`` positions (keys ``0 .. S-1``, as long
+    as they are not in its future): the *attention sinks* of StreamingLLM (Xiao et al., 2023).
     """
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
+    if not isinstance(sinks, int) or isinstance(sinks, bool) or sinks < 0:
+        raise ValueError(f"sinks must be a non-negative int, got {sinks!r}")
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     offset = k_len - q_len
-    return ones.tril(diagonal=offset) & ones.triu(diagonal=offset - window + 1)
+    causal = ones.tril(diagonal=offset)
+    band = causal & ones.triu(diagonal=offset - window + 1)
+    if sinks:
+        band |= causal & (torch.arange(k_len, device=device) < sinks)
+    return band
 
 
 class Attention(nn.Module):
@@ -65,11 +75,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int = 0,
-                cache: LayerKVCache | None = None, window: int | None = None) -> torch.Tensor:
+                cache: LayerKVCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
         """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``.
 
         ``window`` (or a cache with a ``window``, :class:`kvlib.cache.SlidingWindowKVCache`)
-        restricts each query to the last ``window`` keys (sliding-window attention).
+        restricts each query to the last ``window`` keys (sliding-window attention); with
+        ``sinks=S`` (no cache) every query also sees the first ``S`` tokens (:func:`banded_mask`).
         """
         b, t, _ = x.shape
         # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
@@ -91,7 +102,7 @@ class Attention(nn.Module):
             return self.wo(out.reshape(b, 1, self.n_heads * self.head_dim))
         if window is not None and (t > 1 or k_len > window):
             # sliding window: the causal triangle cut to a band of the last `window` keys
-            mask, causal = banded_mask(t, k_len, window, x.device), False
+            mask, causal = banded_mask(t, k_len, window, x.device, sinks=sinks), False
         elif k_len == t:
             mask, causal = None, True              # no earlier tokens: the plain causal triangle
         else:                                      # a chunk after cached tokens: causal with an offset

@@ -46,16 +46,22 @@ class KVCache(nn.Module):
                 raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
         self.batch, self.max_len = batch, max_len
         self.layers = nn.ModuleList(
-            LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device) for _ in range(n_layers))
+            self.make_layer(batch, n_kv_heads, max_len, head_dim, dtype, device) for _ in range(n_layers))
         self.pos = 0
 
+    def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                   dtype: torch.dtype, device: torch.device | str | None) -> nn.Module:
+        """One layer's cache: the hook a cache that stores keys and values differently overrides."""
+        return LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device)
+
     @classmethod
-    def for_model(cls, model: nn.Module, batch: int = 1, max_len: int | None = None) -> "KVCache":
-        """A cache shaped for ``model`` (a :class:`kvlib.Decoder`), on its device and in its dtype."""
+    def for_model(cls, model: nn.Module, batch: int = 1, max_len: int | None = None, **kwargs) -> "KVCache":
+        """A cache shaped for ``model`` (a :class:`kvlib.Decoder`), on its device and in its dtype;
+        ``kwargs`` go to the constructor of ``cls`` (for a cache with options of its own)."""
         cfg = model.config
         p = next(model.parameters())
         return cls(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.max_seq_len, cfg.head_dim,
-                   dtype=p.dtype, device=p.device)
+                   dtype=p.dtype, device=p.device, **kwargs)
 
     def check_room(self, n_new: int) -> None:
         """Raise a clear error if ``n_new`` more tokens would not fit."""

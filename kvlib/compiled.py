@@ -1,15 +1,15 @@
 """An optional faster decode step: the same layers, compiled with ``torch.compile``.
 
-Run eagerly, a cached decode step of SmolLM2-135M makes thousands of small operator calls
-(norms, rotary embedding, cache writes, attention over 30 layers) around its 211 matrix
-products. Each call costs a few microseconds of Python and dispatch, which adds up to about
-a third of the step on a CPU (``python -m kvlib.bench`` profiles it). ``torch.compile``
+Run eagerly, a cached decode step makes many small operator calls (norms, rotary
+embedding, cache writes, attention, in every layer) around its matrix products. Each call
+costs a few microseconds of Python and dispatch, which adds up to a sizeable share of a step
+on a CPU (``python -m kvlib.bench`` profiles it). ``torch.compile``
 traces the step once and fuses the small operations into a few generated kernels; the
 matrix products, which read the weights, stay the same library calls. The tokens are the same (the arithmetic is the same
 up to the order of a few float roundings, checked in ``tests/test_compiled.py``).
 
-The first call compiles (one to two minutes on two CPU cores, and it needs a C++ compiler);
-later calls, also for new caches of any length, reuse the compiled code. Use it through
+The first call compiles (it takes a while, and on a CPU it needs a C++ compiler); later
+calls, also for new caches of any length, reuse the compiled code. Use it through
 ``generate(..., compile=True)``.
 """
 from __future__ import annotations

@@ -6,17 +6,18 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from .cache import KVCache
 from .generate import Generation, generate
 from .measure import peak_memory, sync
 
 # The real-model section's demo: five paragraphs of the course's article and a question
-# about them. Its length (with the chat template, about 380 tokens) was chosen so that on
-# a 2-core laptop CPU the cached/uncached speed-up lands near the course's reference
-# figure; `python -m kvlib.bench` uses the same prompt.
+# about them, a chat turn with a little context (a few hundred tokens with the template).
+# The speed-up depends on this length; the section measures how. `python -m kvlib.bench`
+# uses the same prompt.
 DEMO_PASSAGE = (
     "A language model writes one token at a time. A token is a word or a piece of a word. To "
     "choose each new token, the model looks back over everything it has written so far. For "
@@ -42,6 +43,15 @@ DEMO_PASSAGE = (
     "itself against all the stored keys and collects what it needs from the stored values."
 )
 DEMO_QUESTION = "In two sentences: what does the KV cache keep, and why does that make writing faster?"
+
+
+def evaluation_text() -> str:
+    """The chapter's evaluation text: an original text of about 4,000 words written for this
+    project (``kvlib/data/eval_text.txt``; its README says what it is and how it may be used).
+    Quality measurements run over it; nothing is downloaded."""
+    from importlib.resources import files
+
+    return files("kvlib").joinpath("data", "eval_text.txt").read_text(encoding="utf-8")
 
 
 def demo_prompt(tokenizer) -> list[int]:
@@ -215,8 +225,6 @@ def compare_memory(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int
     its own instead of running every step (:func:`uncached_peak_is_last_step` checks
     this on a short run: the two agree up to the few kilobytes of the previous step's logits).
     """
-    from .cache import KVCache
-
     cache = KVCache.for_model(model, batch=1, max_len=len(prompt_ids) + n_new)
     cached = peak_memory(lambda: generate(model, prompt_ids, n_new, use_cache=True, cache=cache))
     # The cache was allocated outside the measured block; count it as the working memory it is.
@@ -237,3 +245,63 @@ def uncached_peak_is_last_step(model: torch.nn.Module, prompt_ids: Sequence[int]
     with torch.no_grad():
         step = peak_memory(lambda: model(last, last_only=True))
     return whole, step
+
+
+@dataclass
+class CacheQuality:
+    """Next-token predictions with one kind of cache against a full-precision cache, over a text."""
+
+    name: str
+    kl: torch.Tensor          # (positions,) float64: KL(reference || this cache) per position, in nats
+    same_top1: torch.Tensor   # (positions,) bool: the same most likely next token
+    nbytes: int               # the cache's bytes for the whole text
+
+    @property
+    def kl_mean(self) -> float:
+        return float(self.kl.mean())
+
+    @property
+    def kl_p99(self) -> float:
+        """The 99th percentile of the per-position KL: how bad the worst positions get."""
+        return float(torch.quantile(self.kl, 0.99))
+
+    @property
+    def top1(self) -> float:
+        """Share of positions whose most likely next token is the reference's."""
+        return float(self.same_top1.double().mean())
+
+
+def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, Callable[[int], KVCache]], *,
+                  chunk: int = 256, progress: bool = True) -> dict[str, CacheQuality]:
+    """Run the text ``ids`` through the model with each cache of ``caches`` (name -> a function
+    that builds the cache for ``max_len`` positions, e.g. ``lambda n: Int8KVCache.for_model(model,
+    max_len=n)``) and with a plain :class:`kvlib.KVCache` in the model's dtype (the reference),
+    in chunks of ``chunk`` tokens, and compare the next-token distributions at every position
+    (:func:`kvlib.measure.next_token_agreement`).
+
+    Feeding a text through a cache chunk by chunk (*teacher forcing*) gives every position the
+    logits a decode step would: each query attends to the stored, possibly rounded, keys and
+    values of all earlier tokens. Only one chunk of logits is alive at a time.
+    """
+    from .measure import next_token_agreement
+
+    device = next(model.parameters()).device
+    x = torch.tensor([list(ids)], dtype=torch.long, device=device)          # (1, n)
+    built = {"reference": KVCache.for_model(model, max_len=x.shape[1])}
+    built.update({name: make(x.shape[1]) for name, make in caches.items()})
+    kls: dict[str, list[torch.Tensor]] = {name: [] for name in caches}
+    tops: dict[str, list[torch.Tensor]] = {name: [] for name in caches}
+    starts = range(0, x.shape[1], chunk)
+    if progress:
+        from tqdm.auto import tqdm
+        starts = tqdm(starts, desc="chunks of the text", unit="chunk")
+    with torch.no_grad():
+        for start in starts:
+            part = x[:, start:start + chunk]
+            reference = model(part, built["reference"])[0]                    # (chunk, vocab)
+            for name in caches:
+                kl, same = next_token_agreement(reference, model(part, built[name])[0])
+                kls[name].append(kl.cpu())
+                tops[name].append(same.cpu())
+    return {name: CacheQuality(name, torch.cat(kls[name]), torch.cat(tops[name]), built[name].nbytes)
+            for name in caches}

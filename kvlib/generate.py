@@ -91,7 +91,7 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     ``cache`` lets the caller supply (and afterwards inspect) the cache; it is reset first.
     ``compile=True`` (with the cache) runs the one-token steps through
     :func:`kvlib.compiled.compiled_decode_step`: the same layers fused by ``torch.compile``,
-    faster per step once compiled (the first call compiles, about a minute on a CPU).
+    faster per step once compiled (the first call compiles, which takes a while).
     """
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")

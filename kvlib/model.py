@@ -56,8 +56,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int, cache=None,
-                window: int | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window)
+                window: int | None = None, sinks: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window, sinks)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -88,19 +88,23 @@ class Decoder(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=1.5 / math.sqrt(module.in_features))
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *,
-                last_only: bool = False, window: int | None = None) -> torch.Tensor:
+                last_only: bool = False, window: int | None = None, sinks: int = 0) -> torch.Tensor:
         """Logits for every position of ``ids``, or only the last one with ``last_only=True``
         (what generation needs: ``(batch, 1, vocab)``).
 
         ``window=W`` runs sliding-window attention (each token sees the last ``W`` tokens,
         itself included) without a cache; a :class:`kvlib.cache.SlidingWindowKVCache`
-        brings its own window.
+        brings its own window. ``sinks=S`` (with ``window``, without a cache) lets every token
+        also see the first ``S`` tokens: StreamingLLM's attention sinks.
         """
+        if sinks and (window is None or cache is not None):
+            raise ValueError(f"sinks={sinks!r} keeps the first tokens visible beside a sliding window: give "
+                             "window=W too, and run the whole sequence without a cache (model(ids, window=W, sinks=S))")
         self._check_ids(ids, cache)
         offset = 0 if cache is None else cache.pos
         x = self.embed(ids)                                        # (batch, seq, d_model)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window)
+            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks)
         if cache is not None:
             cache.advance(ids.shape[1])
         if last_only:

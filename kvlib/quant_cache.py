@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cache import KVCache
+from .cache import KVCache, LayerKVCache
 
-__all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache"]
+__all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache", "HalfLayerKVCache", "HalfKVCache"]
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,3 +106,53 @@ class Int8KVCache(KVCache):
         return (f"Int8KVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, stored as int8 "
                 f"+ {self.layers[0].k_scale.dtype} scales, returns {self.dtype}, pos={self.pos}, "
                 f"{self.nbytes / 2**20:.2f} MiB)")
+
+
+# =======================================================================================
+# 16-bit storage: half of float32's bytes, the format models are usually served in
+# =======================================================================================
+
+class HalfLayerKVCache(LayerKVCache):
+    """:class:`kvlib.LayerKVCache` whose buffers hold 16-bit numbers (``storage``) while the
+    model computes in ``out_dtype``: keys and values are rounded once when written, and
+    ``update`` hands everything stored back converted to ``out_dtype``."""
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, storage: torch.dtype,
+                 out_dtype: torch.dtype, device: torch.device | str | None) -> None:
+        super().__init__(batch, n_kv_heads, max_len, head_dim, storage, device)
+        self.out_dtype = out_dtype
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k_all, v_all = super().update(pos, k, v)          # the buffers round k, v to `storage` on assignment
+        return k_all.to(self.out_dtype), v_all.to(self.out_dtype)
+
+
+class HalfKVCache(KVCache):
+    """A KV cache stored in 16 bits (``storage``: ``torch.bfloat16``, the default, or
+    ``torch.float16``) for a model that computes in ``dtype`` (float32 by default).
+
+    A drop-in for :class:`kvlib.KVCache` beside a float32 model: half the bytes, each number
+    rounded once to 16 bits. ``dtype`` reports the dtype it hands back.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 storage: torch.dtype = torch.bfloat16) -> None:
+        if storage not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"HalfKVCache: storage must be torch.float16 or torch.bfloat16, got {storage}")
+        self.storage, self._dtype = storage, dtype
+        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+
+    def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                   dtype: torch.dtype, device: torch.device | str | None) -> nn.Module:
+        return HalfLayerKVCache(batch, n_kv_heads, max_len, head_dim, self.storage, dtype, device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype keys and values are handed back in (what the model computes in)."""
+        return self._dtype
+
+    def __repr__(self) -> str:
+        k = self.layers[0].k
+        return (f"HalfKVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, stored as "
+                f"{self.storage}, returns {self.dtype}, pos={self.pos}, {self.nbytes / 2**20:.2f} MiB)")

@@ -96,9 +96,9 @@ def test_crossover_is_where_the_cache_outweighs_the_weights(name, batch):
 
 # =============================================================== sliding window: masks and attention
 
-def banded_reference(q, k, v, window):
+def banded_reference(q, k, v, window, sinks=0):
     """Written out with loops: query i (the last q_len of k_len positions) attends to keys
-    j with i_abs - window < j <= i_abs."""
+    j with i_abs - window < j <= i_abs, and to the first ``sinks`` keys up to i_abs."""
     b, h, q_len, d = q.shape
     k_len = k.shape[2]
     group = h // k.shape[1]
@@ -108,9 +108,9 @@ def banded_reference(q, k, v, window):
             kh, vh = k[bi, hi // group], v[bi, hi // group]
             for i in range(q_len):
                 pos = k_len - q_len + i
-                lo = max(0, pos - window + 1)
-                scores = kh[lo:pos + 1] @ q[bi, hi, i] / math.sqrt(d)
-                out[bi, hi, i] = scores.softmax(dim=-1) @ vh[lo:pos + 1]
+                seen = sorted(set(range(max(0, pos - window + 1), pos + 1)) | set(range(min(sinks, pos + 1))))
+                scores = kh[seen] @ q[bi, hi, i] / math.sqrt(d)
+                out[bi, hi, i] = scores.softmax(dim=-1) @ vh[seen]
     return out
 
 
@@ -123,6 +123,35 @@ def test_banded_mask(q_len, k_len, window):
         assert mask[i].tolist() == [pos - window < j <= pos for j in range(k_len)]
     with pytest.raises(ValueError):
         banded_mask(2, 2, 0)
+
+
+@pytest.mark.parametrize("q_len, k_len, window, sinks", [(9, 9, 3, 1), (9, 9, 3, 4), (3, 9, 2, 2), (1, 12, 4, 4),
+                                                         (5, 5, 2, 10)])
+def test_banded_mask_with_sinks(q_len, k_len, window, sinks):
+    mask = banded_mask(q_len, k_len, window, sinks=sinks)
+    for i in range(q_len):
+        pos = k_len - q_len + i
+        assert mask[i].tolist() == [(pos - window < j or j < sinks) and j <= pos for j in range(k_len)]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="sinks"):
+            banded_mask(2, 2, 1, sinks=bad)
+
+
+@pytest.mark.parametrize("window, sinks", [(1, 1), (3, 2), (4, 4), (20, 3)])
+def test_model_with_sinks_equals_the_written_out_band(model64, window, sinks):
+    ids = torch.randint(0, model64.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(window))
+    torch.testing.assert_close(model64(ids, window=window, sinks=sinks),
+                               reference_logits(model64, ids, window, sinks))
+    if window < ids.shape[1]:   # the window has moved past the first tokens: the sinks change what is seen
+        assert not torch.allclose(model64(ids, window=window, sinks=sinks)[:, -1], model64(ids, window=window)[:, -1])
+
+
+def test_sinks_need_a_window_and_no_cache(model64):
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="window=W too"):
+        model64(ids, sinks=2)
+    with pytest.raises(ValueError, match="without a cache"):
+        model64(ids, KVCache.for_model(model64, max_len=8), window=2, sinks=2)
 
 
 @pytest.mark.parametrize("window", [1, 2, 3, 5, 8, 11, 12, 50])
@@ -143,7 +172,7 @@ def test_windowed_attention_equals_the_written_out_band(window, q_len):
 
 # =============================================================== sliding window: the model
 
-def reference_logits(model: Decoder, ids: torch.Tensor, window: int) -> torch.Tensor:
+def reference_logits(model: Decoder, ids: torch.Tensor, window: int, sinks: int = 0) -> torch.Tensor:
     """The decoder, uncached, with the written-out banded attention in every layer."""
     x = model.embed(ids)
     b, t, _ = x.shape
@@ -153,7 +182,7 @@ def reference_logits(model: Decoder, ids: torch.Tensor, window: int) -> torch.Te
         k = a.wk(h).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
         v = a.wv(h).view(b, t, a.n_kv_heads, a.head_dim).transpose(1, 2)
         q, k = model.rope(q, 0), model.rope(k, 0)
-        out = banded_reference(q, k, v, window)
+        out = banded_reference(q, k, v, window, sinks)
         x = x + a.wo(out.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim))
         x = x + blk.mlp(blk.mlp_norm(x))
     return F.linear(model.norm(x), model.embed.weight)
