@@ -1,0 +1,64 @@
+"""A Sphinx extension: each section's run time, read from its stored notebook.
+
+``make notebooks`` executes every notebook with nbclient, which records in each code cell's
+metadata when the cell started (``iopub.execute_input``) and when it finished
+(``shell.execute_reply``). The sum over a notebook's cells is the time it took to run top to
+bottom, on the machine that last executed it. This extension reads those times when the
+book is built and offers them to the pages as MyST substitutions: ``{{ runtime_05 }}`` is
+the run time of ``chapters/05_*.ipynb`` (``"2 min 31 s"``). No number is typed by hand.
+
+Listed in ``_config.yml`` under ``sphinx: local_extensions``.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+
+def _stamp(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def notebook_seconds(path: Path) -> float:
+    """Seconds the stored run of the notebook at ``path`` took, summed over its code cells.
+
+    Cells without a stored run (``execution_count`` null: in the student edition, the stubs)
+    are left out. Raises ``ValueError`` when a cell that ran holds no timing (it was not run
+    by nbclient).
+    """
+    total = 0.0
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        if cell["cell_type"] != "code" or cell.get("execution_count") is None:
+            continue
+        timing = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in timing or "shell.execute_reply" not in timing:
+            raise ValueError(f"{path.name}: code cell {i} has no execution times; run `make notebooks`")
+        total += (_stamp(timing["shell.execute_reply"]) - _stamp(timing["iopub.execute_input"])).total_seconds()
+    return total
+
+
+def fmt_runtime(seconds: float) -> str:
+    """``8.4 -> '8 s'``, ``151 -> '2 min 31 s'``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    return f"{seconds // 60} min {seconds % 60} s"
+
+
+def runtimes(chapters: Path) -> dict[str, str]:
+    """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``."""
+    found = {}
+    for path in sorted(chapters.glob("[0-9][0-9]_*.ipynb")):
+        found[f"runtime_{path.name[:2]}"] = fmt_runtime(notebook_seconds(path))
+    return found
+
+
+def _add_substitutions(app, config) -> None:
+    chapters = Path(app.srcdir) / "chapters"
+    config.myst_substitutions = {**(config.myst_substitutions or {}), **runtimes(chapters)}
+
+
+def setup(app):
+    app.connect("config-inited", _add_substitutions)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

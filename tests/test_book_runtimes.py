@@ -1,0 +1,50 @@
+"""book/runtimes.py: the landing page's run time per section comes from the stored notebooks."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "book"))
+import runtimes  # noqa: E402  (book/ is a folder of Sphinx extensions, not a package)
+
+
+def _notebook(tmp_path: Path, cells: list[dict]) -> Path:
+    path = tmp_path / "07_x.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def _code(start: str, end: str | None, count: int | None = 1) -> dict:
+    timing = {"iopub.execute_input": start} | ({"shell.execute_reply": end} if end else {})
+    return {"cell_type": "code", "source": ["x = 1"], "execution_count": count, "outputs": [],
+            "metadata": {"execution": timing}}
+
+
+def test_notebook_seconds_adds_up_the_cells(tmp_path):
+    path = _notebook(tmp_path, [
+        _code("2026-11-29T15:16:27.000000Z", "2026-11-29T15:16:31.500000Z"),
+        {"cell_type": "markdown", "source": ["text"], "metadata": {}},
+        _code("2026-11-29T15:16:32.000000Z", "2026-11-29T15:18:32.000000Z"),
+        _code("2026-11-29T15:20:00.000000Z", None, count=None),          # a stub that never ran: left out
+    ])
+    assert runtimes.notebook_seconds(path) == pytest.approx(124.5)
+    assert runtimes.fmt_runtime(124.5) == "2 min 4 s" and runtimes.fmt_runtime(8.4) == "8 s"
+
+
+def test_a_run_cell_without_timing_is_an_error(tmp_path):
+    path = _notebook(tmp_path, [_code("2026-11-29T15:16:27Z", None)])
+    with pytest.raises(ValueError, match="code cell 0 has no execution times; run `make notebooks`"):
+        runtimes.notebook_seconds(path)
+
+
+def test_every_runtime_the_landing_page_names_is_computed():
+    found = runtimes.runtimes(ROOT / "chapters")
+    wanted = set(re.findall(r"\{\{\s*(runtime_\d\d)\s*\}\}", (ROOT / "chapters" / "index.md").read_text()))
+    sections = {f"runtime_{p.name[:2]}" for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")}
+    assert wanted == sections == set(found)
+    assert all(re.fullmatch(r"\d+ s|\d+ min \d+ s", v) for v in found.values())
