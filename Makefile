@@ -14,7 +14,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 
-.PHONY: setup model book book-static test test-quick test-nbval test-browser chromium lab notebooks clean
+.PHONY: setup model book book-static test test-quick test-nbval test-portable portable-% test-browser chromium lab notebooks clean
 
 ## setup: create .venv and install the pinned requirements plus kvlib itself (once).
 setup: $(STAMP)
@@ -43,12 +43,17 @@ book-static: setup
 	$(JB) build . --config _build/_config.static.yml $(JB_FLAGS)
 
 ## test: every test: kvlib unit and property tests, the real-model and oracle tests,
-## nbval strict on every notebook, a warning-free book build, and that book in Chromium.
+## nbval strict on every notebook (as this machine runs it, and as other CPUs' matrix
+## kernels round), the student edition, and a warning-free book build in Chromium.
+## After nbval, the three notebook runs that remain go side by side, one thread each; the
+## browser tests come last, alone (a browser starved of CPU by the notebooks times out).
 test: setup model
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-nbval
+	@echo "Side by side, one thread each: nbval with other CPUs' rounding, and the student edition"
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 3 --output-sync=target \
+	  portable-AVX2 portable-COMPATIBLE student-and-test
 	$(MAKE) --no-print-directory test-browser
-	$(MAKE) --no-print-directory student test-student
 
 ## test-browser: build the book (book-static), then check every page in Chromium, offline
 ## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden).
@@ -76,8 +81,21 @@ chromium:
 test-quick: setup
 	$(PY) -m pytest -m "not slow" -q
 
+NBVAL := -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
 test-nbval: setup model
-	$(PY) -m pytest --nbval $(NOTEBOOKS) --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+	$(PY) $(NBVAL) $(NOTEBOOKS)
+
+## test-portable: nbval on every notebook as other machines run it. MKL_CBWR switches MKL's
+## matrix kernels to another code path: AVX2 gives the rounding of an AVX2-only CPU,
+## COMPATIBLE that of a plain SSE2 one. Both must pass, as the default run does; they run
+## side by side, one thread each (so another thread count than this machine's is tried too).
+test-portable: setup model
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target portable-AVX2 portable-COMPATIBLE
+
+portable-%: setup model
+	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s)"
+	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS)
 
 ## lab: JupyterLab on the chapter, with this project's Python.
 lab: setup
@@ -93,7 +111,7 @@ clean:
 	rm -rf _build
 
 # --- the student edition (scripts/student_edition.py; see chapters/instructors.md) ---
-.PHONY: student test-student
+.PHONY: student test-student student-and-test
 
 ## student: write the student edition into student/ (solution cells replaced by their stubs,
 ## solution blocks removed), build it into student/_build/html (stored outputs, no execution)
@@ -104,8 +122,14 @@ student: setup
 	$(PY) scripts/student_edition.py --out student --leaks
 	@echo "Student edition: $(CURDIR)/student/ (book: file://$(CURDIR)/student/_build/html/index.html)"
 
+## student-and-test: the student edition (make student), then nbval on it (make test-student),
+## after the book's build has fetched the offline assets the student book serves too.
+student-and-test: book-static
+	$(MAKE) --no-print-directory student
+	$(MAKE) --no-print-directory test-student
+
 ## test-student: nbval on the student edition's notebooks (the stubs' checks, and the cells
 ## that use a stub, are tagged raises-exception; every other cell is compared as in test-nbval).
 test-student: setup model
 	$(PY) scripts/student_edition.py --out student --quiet
-	$(PY) -m pytest --nbval student/chapters/*.ipynb --sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+	$(PY) $(NBVAL) student/chapters/*.ipynb
