@@ -82,16 +82,21 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
 
 def machine_description() -> dict:
     """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "torch": torch.__version__, "os": platform.platform()}
+    # the widest vector instructions the CPU offers: they decide which matrix kernels run
+    vector = next((name for flag, name in [("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
+                                           ("sse4_2", "SSE4.2"), ("asimd", "NEON")] if flag in flags), "unknown")
+    return {"cpu": cpu, "vector_extensions": vector, "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "os": platform.platform()}
 
 
 def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False) -> Row:
@@ -208,7 +213,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         rows.append(fn(model if fn is _time_kvlib else hf_model, prompt, n_new, use_cache, reps))
     compile_seconds = None
     if compile:
-        say("compiling kvlib's decode step with torch.compile (one to two minutes on two cores) ...")
+        say("compiling kvlib's decode step with torch.compile (this takes a while the first time) ...")
         t0 = time.perf_counter()
         generate(model, prompt, 2, compile=True)
         compile_seconds = time.perf_counter() - t0
@@ -264,7 +269,8 @@ def to_markdown(result: dict) -> str:
     """The results as a markdown table plus the facts needed to read it."""
     m, r = result["machine"], result["ratios"]
     lines = [
-        f"Measured on {m['cpu']} ({m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads), "
+        f"Measured on {m['cpu']} ({m.get('vector_extensions', 'unknown')} vector instructions, "
+        f"{m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads), "
         f"PyTorch {m['torch']}, Python {m['python']}, on {result['date']}.",
         "",
         f"Prompt: {result['prompt_tokens']} tokens (the real-model section's demo); {result['new_tokens']} new "
@@ -288,7 +294,11 @@ def to_markdown(result: dict) -> str:
         f"with the same kernels and nothing in between, takes {result['weight_read_floor_ms']:.1f} ms, "
         f"{100 * r['weight_read_floor_share_of_bandwidth_limit']:.0f} % of the bandwidth limit. No decode step "
         f"made of these products can beat it: at best {1e3 / result['weight_read_floor_ms']:.1f} tokens/s, "
-        f"{r['weight_read_floor_vs_transformers_cached_decode']:.2f}× transformers' cached decode.",
+        f"{r['weight_read_floor_vs_transformers_cached_decode']:.2f}× transformers' cached decode. "
+        + ("The floor is close to the bandwidth limit: on this machine memory is the wall."
+           if r["weight_read_floor_share_of_bandwidth_limit"] > 0.7 else
+           "The floor is well above the bandwidth limit: on this machine the float32 matrix-vector kernel, "
+           "not memory, is the wall."),
         "",
         "| ratio | value |",
         "|---|---:|",
@@ -307,6 +317,11 @@ def to_markdown(result: dict) -> str:
          r.get("kvlib_compiled_decode_share_of_bandwidth_limit"), "%"),
         ("transformers cached decode, share of the bandwidth limit", r["transformers_decode_share_of_bandwidth_limit"], "%"),
     ]
+    floor_s = result["weight_read_floor_ms"] / 1e3
+    for row in result["rows"]:
+        if row["decode_tokens_per_s"]:
+            ratio_rows.append((f"{row['name']}: decode step, share of the weight-read floor",
+                               floor_s * row["decode_tokens_per_s"], "%"))
     for label, value, kind in ratio_rows:
         if value is None:
             continue
@@ -339,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats-uncached", type=int, default=1, help="timed runs without the cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-compile", action="store_true",
-                        help="skip the torch.compile row (it needs a C++ compiler and a minute or two)")
+                        help="skip the torch.compile row (it needs a C++ compiler and time to compile)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
                         help="folder for bench.json and bench.md (default: _build/bench)")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ def _result(same=True):
         {"name": "transformers, without cache", "seconds": [40.0], "median_seconds": 40.0, "tokens_per_s": 1.2, "decode_tokens_per_s": None},
     ]
     return {
-        "machine": {"cpu": "Test CPU", "logical_cpus": 2, "torch_threads": 2, "python": "3.11", "torch": "2.13", "os": "x"},
+        "machine": {"cpu": "Test CPU", "vector_extensions": "AVX2", "logical_cpus": 2, "torch_threads": 2, "python": "3.11", "torch": "2.13", "os": "x"},
         "prompt_tokens": 284, "new_tokens": 48, "repeats": {"cached": 3, "uncached": 1},
         "bandwidth_gb_s": 20.0, "weight_bytes": 538_000_000, "bandwidth_limit_tokens_per_s": 37.2,
         "weight_read_floor_ms": 25.0, "compile_seconds": None,
@@ -27,7 +27,7 @@ def _result(same=True):
 
 def test_markdown_report_names_machine_and_ratios():
     md = to_markdown(_result())
-    assert "Test CPU (2 logical CPUs, 2 torch threads)" in md
+    assert "Test CPU (AVX2 vector instructions, 2 logical CPUs, 2 torch threads)" in md
     assert "| kvlib, with cache | 2.00 s | 24.0 | 30.0 |" in md
     assert "| transformers, without cache | 40.00 s | 1.2 | – |" in md
     assert "| kvlib cached decode, share of the bandwidth limit | 81 % |" in md
@@ -35,6 +35,18 @@ def test_markdown_report_names_machine_and_ratios():
     assert "Same tokens from all 4: **False**" in to_markdown(_result(same=False))
     assert "takes 25.0 ms" in md and "at best 40.0 tokens/s, 2.67× transformers' cached decode" in md
     assert "compiled" not in md
+    # 25 ms of floor at 30 decode tokens/s: the step is 75 % floor
+    assert "| kvlib, with cache: decode step, share of the weight-read floor | 75 % |" in md
+
+
+def test_markdown_report_names_the_wall_from_the_measurement():
+    """The sentence about what limits a step follows the measured floor, on either kind of machine."""
+    result = _result()
+    result["ratios"]["weight_read_floor_share_of_bandwidth_limit"] = 0.92
+    assert "on this machine memory is the wall" in to_markdown(result)
+    result["ratios"]["weight_read_floor_share_of_bandwidth_limit"] = 0.40
+    md = to_markdown(result)
+    assert "matrix-vector kernel, not memory, is the wall" in md and "memory is the wall" not in md
 
 
 def test_markdown_report_with_the_compiled_row():
