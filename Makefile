@@ -27,7 +27,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 ## model: fetch and verify the SmolLM2-135M-Instruct GGUF once (into ~/.cache/kvlib).
 model: $(STAMP)
-	@$(PY) -m kvlib.weights
+	@$(PY) -m kvlib.smollm2.weights
 
 ## book: execute every notebook (cached between builds) and build the HTML book.
 ## book/assets.py first fetches (npm, pinned, once) the widget manager and MathJax that the

@@ -1,41 +1,45 @@
 """kvlib: the code behind Chapter 13 of *AI From Scratch* (Making Inference Cheap).
 
-A small Llama-style decoder in plain PyTorch, its KV cache, cached and uncached
-generation, and the measuring, plotting and exercise helpers the notebooks use.
-Importing it loads no model and downloads nothing.
+The decoder a learner reads sits at the top, one idea per file: :mod:`.config`,
+:mod:`.rope`, :mod:`.attention`, :mod:`.model`, :mod:`.generate` (and :mod:`.compiled`, its
+optional compiled step). Each other subject has a folder of its own:
 
-The real model, ``model, tok = kvlib.load_smollm2()`` (SmolLM2-135M-Instruct), and the
-names around it are imported on first use only, so ``import kvlib`` stays quick and does
-not pull in ``gguf`` or ``tokenizers``.
+- :mod:`kvlib.cache`: the KV caches and the memory they take;
+- :mod:`kvlib.smollm2`: the real model, SmolLM2-135M-Instruct, read from its GGUF file;
+- :mod:`kvlib.measure`: time, arithmetic, memory and quality measurements, the benchmark;
+- :mod:`kvlib.widgets`: the notebooks' widgets and plots;
+- :mod:`kvlib.exercises`: the checks of the exercises, one file per section;
+- :mod:`kvlib.data`: the texts the real model runs on.
+
+Imports run one way: the decoder and its caches import nothing from measure, widgets or
+exercises. Importing ``kvlib`` loads no model and downloads nothing; the real-model names
+(``kvlib.load_smollm2`` and the like) are imported on first use, so ``import kvlib`` stays
+quick and does not pull in ``gguf`` or ``tokenizers``.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .cache import KVCache, LayerKVCache, SlidingWindowKVCache
+from .cache import HalfKVCache, Int8KVCache, KVCache, LayerKVCache, SlidingWindowKVCache, kv_cache_bytes
 from .config import Config
-from .generate import Generation, StepRecord, generate
-from .memory import kv_cache_bytes
+from .generate import Generation, StepRecord, generate, sample
 from .model import Decoder
-from .quant_cache import HalfKVCache, Int8KVCache
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
-    from .smollm2 import load_smollm2
-    from .tokenizer import Tokenizer
-    from .model_shapes import MODEL_SHAPES
-    from .weights import ModelFileError, smollm2_path
+    from .cache import MODEL_SHAPES
+    from .smollm2 import ModelFileError, Tokenizer, load_smollm2, smollm2_path
 
 # name -> submodule that defines it, imported when the name is first used
 _LAZY = {
     "load_smollm2": "smollm2",
-    "Tokenizer": "tokenizer",
-    "ModelFileError": "weights",
-    "smollm2_path": "weights",
-    "MODEL_SHAPES": "model_shapes",
+    "Tokenizer": "smollm2",
+    "ModelFileError": "smollm2",
+    "smollm2_path": "smollm2",
+    "MODEL_SHAPES": "cache",
 }
 
-__all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "Generation", "StepRecord",
+__all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "sample", "Generation", "StepRecord",
            "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path",
            "SlidingWindowKVCache", "Int8KVCache", "HalfKVCache", "kv_cache_bytes", "MODEL_SHAPES"]
 __version__ = "0.1.0"

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .cache import LayerKVCache
+from .cache.base import LayerCache
+from .checks import non_negative_int, positive_int
 from .config import Config
 from .rope import RotaryEmbedding
 
@@ -50,10 +51,8 @@ def banded_mask(q_len: int, k_len: int, window: int, device: torch.device | str 
     ``sinks=S`` also lets every query see the first ``S`` positions (keys ``0 .. S-1``, as long
     as they are not in its future): the *attention sinks* of StreamingLLM (Xiao et al., 2023).
     """
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
-    if not isinstance(sinks, int) or isinstance(sinks, bool) or sinks < 0:
-        raise ValueError(f"sinks must be a non-negative int, got {sinks!r}")
+    positive_int("window", window)
+    non_negative_int("sinks", sinks)
     ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     offset = k_len - q_len
     causal = ones.tril(diagonal=offset)
@@ -74,13 +73,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int = 0,
-                cache: LayerKVCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
-        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``.
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor = 0,
+                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
+        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``
+        (``offset``: an int, or one per row as a ``(batch,)`` tensor, for the rotation).
 
-        ``window`` (or a cache with a ``window``, :class:`kvlib.cache.SlidingWindowKVCache`)
-        restricts each query to the last ``window`` keys (sliding-window attention); with
-        ``sinks=S`` (no cache) every query also sees the first ``S`` tokens (:func:`banded_mask`).
+        ``window``, or the ``window`` of the layer's cache (:class:`kvlib.cache.LayerCache`;
+        a :class:`kvlib.cache.SlidingWindowKVCache` has one), restricts each query to the last
+        ``window`` keys (sliding-window attention); with ``sinks=S`` (no cache) every query
+        also sees the first ``S`` tokens (:func:`banded_mask`).
         """
         b, t, _ = x.shape
         # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
@@ -90,7 +91,8 @@ class Attention(nn.Module):
         q, k = rope(q, offset), rope(k, offset)
         if cache is not None:
             k, v = cache.update(offset, k, v)      # all keys/values so far: (batch, kv_heads, offset+seq, head_dim)
-            window = getattr(cache, "window", window)
+            if cache.window is not None:
+                window = cache.window
         k_len = k.shape[2]
         if t == 1 and (window is None or k_len <= window):
             # One new token sees every stored key, so no mask is needed, and grouped-query

@@ -3,11 +3,13 @@
 Run eagerly, a cached decode step makes many small operator calls (norms, rotary
 embedding, cache writes, attention, in every layer) around its matrix products. Each call
 costs a few microseconds of Python and dispatch, which adds up to a sizeable share of a step
-on a CPU (``python -m kvlib.bench`` profiles it). ``torch.compile``
-traces the step once and fuses the small operations into a few generated kernels; the
-matrix products, which read the weights, stay the same library calls. The tokens are the same (the arithmetic is the same
-up to the order of a few float roundings, checked in ``tests/test_compiled.py``).
+on a CPU (``python -m kvlib.bench`` profiles it). ``torch.compile`` traces the step once and
+fuses the small operations into a few generated kernels; the matrix products, which read
+the weights, stay the same library calls. The tokens are the same (the arithmetic is the
+same up to the order of a few float roundings, checked in ``tests/test_compiled.py``).
 
+What is compiled is :meth:`kvlib.Decoder.run` itself, for one new token (as gpt-fast
+compiles its ``decode_one_token``), so any change to the forward pass reaches this path.
 The first call compiles (it takes a while, and on a CPU it needs a C++ compiler); later
 calls, also for new caches of any length, reuse the compiled code. Use it through
 ``generate(..., compile=True)``.
@@ -15,9 +17,8 @@ calls, also for new caches of any length, reuse the compiled code. Use it throug
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .cache import KVCache
+from .cache.base import KVCache
 
 
 def _compile_errors() -> tuple[type[BaseException], ...]:
@@ -28,11 +29,22 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
     return BackendCompilerFailed, InductorError, CppCompileError
 
 
-def _one_token_logits(model: torch.nn.Module, x: torch.Tensor, offset: int, cache: KVCache) -> torch.Tensor:
-    """The body of ``Decoder.forward`` for embedded tokens ``x`` at positions ``offset, ...`` (no checks)."""
-    for i, block in enumerate(model.blocks):
-        x = block(x, model.rope, offset, cache.layers[i])
-    return F.linear(model.norm(x[:, -1:]), model.embed.weight)      # (batch, 1, vocab)
+def _decode_one_token(model: torch.nn.Module, ids: torch.Tensor, offset: int, cache: KVCache) -> torch.Tensor:
+    """``model.run`` for one new token per sequence, logits of the last position: ``(batch, 1, vocab)``."""
+    return model.run(ids, offset, cache, last_only=True)
+
+
+def _cache_sizes_are_dynamic():
+    """Let one compiled graph serve caches of every length.
+
+    The cache's buffers are module buffers, whose sizes torch.compile treats as fixed unless
+    told otherwise, so every new cache length would compile the step again. torch 2.13 has
+    no public switch for this (``torch.compiler`` offers none); these two settings of its
+    dynamo front end are the ones that do it, and ``tests/test_compiled.py`` fails if a new
+    cache length recompiles.
+    """
+    return torch._dynamo.config.patch(force_nn_module_property_static_shapes=False,
+                                      force_parameter_static_shapes=False)
 
 
 class CompiledDecodeStep:
@@ -42,20 +54,17 @@ class CompiledDecodeStep:
         self.model = model
         # dynamic=True: one compiled graph serves every position and every cache length.
         # cpp_wrapper: the generated code that calls the kernels is C++ rather than Python,
-        # which takes a further tenth off a step (and compiling takes longer).
-        self._fn = torch.compile(_one_token_logits, dynamic=True, options={"cpp_wrapper": True})
+        # which makes a step cheaper still (and compiling slower).
+        self._fn = torch.compile(_decode_one_token, dynamic=True, options={"cpp_wrapper": True})
 
     def __call__(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != 1:
             raise ValueError(f"the compiled step takes one new token per sequence, ids of shape (batch, 1); "
                              f"got {tuple(ids.shape)} (run the prompt through the model itself first)")
-        self.model._check_ids(ids, cache)
+        self.model.check_input(ids, cache)
         try:
-            # The cache's buffers are module buffers, which torch.compile would otherwise
-            # treat as fixed in size (and recompile for every new cache length).
-            with torch._dynamo.config.patch(force_nn_module_property_static_shapes=False,
-                                            force_parameter_static_shapes=False):
-                logits = self._fn(self.model, self.model.embed(ids), cache.pos, cache)
+            with _cache_sizes_are_dynamic():
+                logits = self._fn(self.model, ids, cache.pos, cache)
         except _compile_errors() as err:   # most often: no C++ compiler for the CPU backend
             raise RuntimeError(
                 f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .checks import positive_int
+
 
 @dataclass(frozen=True)
 class Config:
@@ -24,9 +26,8 @@ class Config:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
+            # stored as a plain int (a NumPy integer is accepted and converted; a bool is not)
+            object.__setattr__(self, name, positive_int(f"Config.{name}", getattr(self, name)))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:

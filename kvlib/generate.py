@@ -1,13 +1,19 @@
-"""Writing tokens one at a time, with the KV cache (the running total) or without (re-adding the list)."""
+"""Writing tokens one at a time, with the KV cache (the running total) or without (re-adding the list).
+
+Three small pieces, after gpt-fast: :func:`sample` picks the next token from logits (a pure
+function), one step runs the model (the prefill, then one token at a time), and
+:func:`generate` loops over the steps and keeps a record of each.
+"""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence, overload
 
 import torch
 
-from .cache import KVCache
+from .cache.base import KVCache
+from .checks import non_negative_int, optional_positive_int
+from .clock import Stopwatch
 
 
 @dataclass
@@ -33,6 +39,33 @@ class Generation:
         return sum(r.seconds for r in self.records)
 
 
+def _check_sampling(temperature: float, top_k: int | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    optional_positive_int("top_k", top_k)
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token of each row of ``logits`` ``(..., vocab)``, as token ids ``(...)``.
+
+    ``temperature == 0``: the most likely token (greedy). Otherwise a draw from
+    ``softmax(logits / temperature)``, restricted to the ``top_k`` most likely tokens when
+    ``top_k`` is given, using ``generator`` (a seeded ``torch.Generator`` on the CPU makes it
+    repeatable). Nothing else is read or changed: the same inputs and generator state give
+    the same tokens.
+    """
+    _check_sampling(temperature, top_k)
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]   # (..., 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1).reshape(-1, scaled.shape[-1]).cpu()             # (rows, vocab)
+    return torch.multinomial(probs, 1, generator=generator).reshape(scaled.shape[:-1]).to(logits.device)
+
+
 def _as_prompt(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
     if isinstance(prompt_ids, torch.Tensor):
         if prompt_ids.dim() != 1:
@@ -53,22 +86,18 @@ def _as_prompt(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int, device
     return ids
 
 
-def _choose(logits: torch.Tensor, temperature: float, top_k: int | None,
-            generator: torch.Generator | None) -> int:
-    """Pick the next token from ``logits`` of shape ``(vocab,)``: greedy, or sampled."""
-    if temperature == 0.0:
-        return int(torch.argmax(logits))
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+@overload
+def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
+             use_cache: bool = ..., temperature: float = ..., top_k: int | None = ...,
+             generator: torch.Generator | None = ..., stop_token: int | None = ..., progress: bool = ...,
+             return_records: Literal[False] = ..., cache: KVCache | None = ..., compile: bool = ...) -> list[int]: ...
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@overload
+def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
+             use_cache: bool = ..., temperature: float = ..., top_k: int | None = ...,
+             generator: torch.Generator | None = ..., stop_token: int | None = ..., progress: bool = ...,
+             return_records: Literal[True], cache: KVCache | None = ..., compile: bool = ...) -> Generation: ...
 
 
 @torch.no_grad()
@@ -77,28 +106,26 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
              generator: torch.Generator | None = None, stop_token: int | None = None,
              progress: bool = False, return_records: bool = False,
              cache: KVCache | None = None, compile: bool = False) -> list[int] | Generation:
-    """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens and return the new ids.
+    """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens.
+
+    Returns the new token ids (a ``list[int]``), or with ``return_records=True`` a
+    :class:`Generation`: the tokens, one :class:`StepRecord` per step and the logits each
+    token was chosen from (the two overloads give type checkers the exact type).
 
     ``use_cache=True`` runs the prompt once (the *prefill*) and then feeds one token per
     step, reusing stored keys and values. ``use_cache=False`` feeds the whole sequence
     again at every step. Both choose the same tokens.
 
-    Greedy by default; ``temperature > 0`` samples (optionally from the ``top_k`` most
-    likely tokens) using ``generator`` (a seeded ``torch.Generator`` makes it repeatable).
-    Generation stops after ``stop_token`` is produced (it is included). ``progress=True``
-    shows a tqdm bar. With ``return_records=True`` a :class:`Generation` comes back
-    holding the tokens, one :class:`StepRecord` per step and the logits of each step.
+    Tokens are chosen by :func:`sample`: greedy by default; ``temperature > 0`` samples
+    (optionally from the ``top_k`` most likely tokens) using ``generator``. Generation stops
+    after ``stop_token`` is produced (it is included). ``progress=True`` shows a tqdm bar.
     ``cache`` lets the caller supply (and afterwards inspect) the cache; it is reset first.
     ``compile=True`` (with the cache) runs the one-token steps through
     :func:`kvlib.compiled.compiled_decode_step`: the same layers fused by ``torch.compile``,
     faster per step once compiled (the first call compiles, which takes a while).
     """
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    non_negative_int("max_new_tokens", max_new_tokens)
+    _check_sampling(temperature, top_k)
     cfg = model.config
     device = next(model.parameters()).device
     ids = _as_prompt(prompt_ids, cfg.vocab_size, device)
@@ -116,7 +143,10 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
         raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
     if compile:
         from .compiled import compiled_decode_step
-        step_fn = compiled_decode_step(model)
+        decode_step = compiled_decode_step(model)
+    else:
+        def decode_step(feed: torch.Tensor, cache: KVCache) -> torch.Tensor:
+            return model(feed, cache, last_only=True)
 
     feed = ids[None]                                   # (1, seq): what goes through the model this step
     n_context = ids.numel()
@@ -128,16 +158,13 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc="with cache" if use_cache else "without cache", unit="tok")
     for step in steps:
-        _sync(device)
-        t0 = time.perf_counter()
-        if compile and step > 0:
-            logits = step_fn(feed, cache)[0, -1]
-        else:
-            logits = model(feed, cache if use_cache else None, last_only=True)[0, -1]   # (vocab,)
-        token = _choose(logits, temperature, top_k, generator)
-        _sync(device)
-        seconds = time.perf_counter() - t0
-        records.append(StepRecord(step, context_len=n_context, tokens_in=feed.shape[1], seconds=seconds))
+        with Stopwatch(device) as watch:
+            if use_cache and step > 0:
+                logits = decode_step(feed, cache)[0, -1]                              # (vocab,)
+            else:                           # the prefill, or the whole text again without a cache
+                logits = model(feed, cache if use_cache else None, last_only=True)[0, -1]
+            token = int(sample(logits, temperature, top_k, generator))
+        records.append(StepRecord(step, context_len=n_context, tokens_in=feed.shape[1], seconds=watch.seconds))
         if return_records:
             step_logits.append(logits.float().cpu())
         new.append(token)

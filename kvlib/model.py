@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention
-from .cache import KVCache
+from .cache.base import KVCache, LayerCache
 from .config import Config
 from .rope import RotaryEmbedding
 
@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
             xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * xf.to(x.dtype)
         # The same formula as one fused operator (bit-for-bit equal in float32): one call
-        # instead of five matters when a decode step runs 61 of them.
+        # instead of five, in a decode step that runs two norms per layer.
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -55,8 +55,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int, cache=None,
-                window: int | None = None, sinks: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor,
+                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, offset, cache, window, sinks)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -92,26 +92,46 @@ class Decoder(nn.Module):
         """Logits for every position of ``ids``, or only the last one with ``last_only=True``
         (what generation needs: ``(batch, 1, vocab)``).
 
-        ``window=W`` runs sliding-window attention (each token sees the last ``W`` tokens,
-        itself included) without a cache; a :class:`kvlib.cache.SlidingWindowKVCache`
-        brings its own window. ``sinks=S`` (with ``window``, without a cache) lets every token
-        also see the first ``S`` tokens: StreamingLLM's attention sinks.
+        With a cache, the ids are positions ``cache.pos, cache.pos + 1, ...``: their keys and
+        values are stored and the cache moves past them. ``window=W`` runs sliding-window
+        attention (each token sees the last ``W`` tokens, itself included) without a cache; a
+        :class:`kvlib.cache.SlidingWindowKVCache` brings its own window. ``sinks=S`` (with
+        ``window``, without a cache) lets every token also see the first ``S`` tokens:
+        StreamingLLM's attention sinks.
+
+        This is :meth:`check_input`, then :meth:`run`, then ``cache.advance``.
         """
         if sinks and (window is None or cache is not None):
             raise ValueError(f"sinks={sinks!r} keeps the first tokens visible beside a sliding window: give "
                              "window=W too, and run the whole sequence without a cache (model(ids, window=W, sinks=S))")
-        self._check_ids(ids, cache)
-        offset = 0 if cache is None else cache.pos
+        self.check_input(ids, cache)
+        logits = self.run(ids, 0 if cache is None else cache.pos, cache, last_only=last_only, window=window,
+                          sinks=sinks)
+        if cache is not None:
+            cache.advance(ids.shape[1])
+        return logits
+
+    def run(self, ids: torch.Tensor, offset: int | torch.Tensor = 0, cache: KVCache | None = None, *,
+            last_only: bool = False, window: int | None = None, sinks: int = 0) -> torch.Tensor:
+        """The forward pass itself: ``ids`` ``(batch, seq)`` at positions ``offset, offset + 1, ...``
+        to logits, writing their keys and values into ``cache`` when one is given.
+
+        It checks nothing and does not move the cache on (:meth:`forward` does both), so it
+        is the function to trace: :mod:`kvlib.compiled` compiles exactly this, and a change
+        here reaches the compiled path too. ``offset`` may hold one position per row,
+        ``(batch,)`` (for the rotation).
+        """
         x = self.embed(ids)                                        # (batch, seq, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks)
-        if cache is not None:
-            cache.advance(ids.shape[1])
         if last_only:
             x = x[:, -1:]
         return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
 
-    def _check_ids(self, ids: torch.Tensor, cache: KVCache | None) -> None:
+    def check_input(self, ids: torch.Tensor, cache: KVCache | None = None) -> None:
+        """Raise a clear ``TypeError``/``ValueError`` if ``ids`` (and ``cache``) cannot go through
+        this model: wrong type, shape or dtype, ids outside the vocabulary, too long a sequence,
+        or a cache of another shape, dtype or size."""
         cfg = self.config
         if not isinstance(ids, torch.Tensor):
             raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")

@@ -25,11 +25,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(torch.get_default_dtype()), persistent=False)
         self.register_buffer("sin", angles.sin().to(torch.get_default_dtype()), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """Rotate ``x`` of shape ``(batch, heads, seq, head_dim)`` for positions ``offset .. offset+seq-1``."""
+    def forward(self, x: torch.Tensor, offset: int | torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` of shape ``(batch, heads, seq, head_dim)`` for positions ``offset .. offset+seq-1``.
+
+        ``offset`` is one int for the whole batch, or a tensor of one offset per row,
+        ``(batch,)``, for a batch whose sequences sit at different positions.
+        """
         seq = x.shape[-2]
-        cos = self.cos[offset:offset + seq].to(x.dtype)
-        sin = self.sin[offset:offset + seq].to(x.dtype)
+        if isinstance(offset, torch.Tensor):
+            positions = offset.to(self.cos.device)[:, None] + torch.arange(seq, device=self.cos.device)  # (batch, seq)
+            cos = self.cos[positions][:, None].to(x.dtype)       # (batch, 1, seq, head_dim): broadcast over heads
+            sin = self.sin[positions][:, None].to(x.dtype)
+        else:
+            cos = self.cos[offset:offset + seq].to(x.dtype)      # (seq, head_dim)
+            sin = self.sin[offset:offset + seq].to(x.dtype)
         return x * cos + rotate_half(x) * sin
 
 

@@ -312,7 +312,7 @@ def student_notebook(nb, where: str = "notebook"):
             report.solution_code.append(cell.source)
             report.stub_code.append(stub)
             # what the solution defines is missing (or a stub) for the student; a name it only
-            # imports again (``from kvlib.flops import ...``) is the same as before, if it was there
+            # imports again (``from kvlib.measure.flops import ...``) is the same as before, if it was there
             imported_again = (bound_names(cell.source) - bound_names(cell.source, imports=False)) & seen
             tainted |= bound_names(cell.source) - imported_again
             cell.source = stub

@@ -1,7 +1,8 @@
 """The benchmark command: its bandwidth probe and its report (the full run is `python -m kvlib.bench`)."""
 from __future__ import annotations
 
-from kvlib.bench import machine_description, memory_bandwidth, to_markdown
+from kvlib.measure.bench import to_markdown
+from kvlib.measure.hardware import machine_description, memory_bandwidth
 
 
 def _result(same=True):

@@ -70,7 +70,7 @@ def test_compile_needs_the_cache(model):
 
 
 def test_compare_compiled_times_both_side_by_side(model):
-    from kvlib.experiments import compare_compiled
+    from kvlib.measure.experiments import compare_compiled
 
     result = compare_compiled(model, [1, 2, 3, 4], 6, repeats=2, progress=False)
     assert result.identical

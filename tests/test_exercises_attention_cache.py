@@ -10,7 +10,7 @@ import kvlib.exercises as ex
 from kvlib.attention import causal_attention
 from kvlib.exercises import CheckFailed
 from kvlib.exercises import attention as att
-from kvlib.exercises import cache as kvc
+from kvlib.exercises import kv_cache as kvc
 from kvlib.rope import RotaryEmbedding
 
 NOT_WRITTEN = "not written yet"

@@ -37,7 +37,7 @@ def test_references_pass(capsys):
 
 
 def test_reference_agrees_with_kvlib_flops():
-    from kvlib.flops import generation_ratio, step_flops
+    from kvlib.measure.flops import generation_ratio, step_flops
 
     cfg = kvlib.Config.smollm2_135m()
     assert predict_step_flops(cfg, 300, False) == step_flops(cfg, 300, 300).total

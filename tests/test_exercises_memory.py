@@ -9,8 +9,8 @@ import torch
 import kvlib
 import kvlib.exercises as ex
 from kvlib.exercises import CheckFailed, check_max_context, check_quantize_int8
-from kvlib.memory import crossover_tokens, kv_bytes_per_token, kv_cache_bytes, weight_bytes
-from kvlib.model_shapes import MODEL_SHAPES
+from kvlib.cache import crossover_tokens, kv_bytes_per_token, kv_cache_bytes, weight_bytes
+from kvlib.cache import MODEL_SHAPES
 
 
 # ----------------------------------------------------------------- the reference solutions
@@ -37,7 +37,7 @@ def test_references_pass(capsys):
 
 
 def test_kvlib_reference_passes_and_agrees(capsys):
-    from kvlib.quant_cache import quantize_int8 as kvlib_quantize
+    from kvlib.cache import quantize_int8 as kvlib_quantize
 
     check_quantize_int8(kvlib_quantize)
     assert "✓ Exercise 6.2" in capsys.readouterr().out

@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import kvlib
 from kvlib.attention import causal_attention
-from kvlib.flops import (attention_flops_per_pair, count_step_flops, crossover_context, generation_flops,
+from kvlib.measure.flops import (attention_flops_per_pair, count_step_flops, crossover_context, generation_flops,
                          generation_ratio, generation_step_flops, linear_flops_per_token, output_flops_per_row,
                          step_call, step_flops)
 from kvlib.measure import count_flops

@@ -90,3 +90,33 @@ def test_cuda_matches_cpu():
     cpu = kvlib.generate(model, ids, 10)
     assert kvlib.generate(model.cuda(), ids, 10) == cpu
     assert kvlib.generate(model.cuda(), ids, 10, use_cache=False) == cpu
+
+
+# ------------------------------------------------------------------- sample: a pure function
+
+def test_sample_greedy_is_the_argmax_of_each_row():
+    logits = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(0))     # (batch, seq, vocab)
+    assert torch.equal(kvlib.sample(logits), logits.argmax(-1))
+    assert kvlib.sample(logits[0, 0]).shape == ()
+
+
+def test_sample_is_repeatable_and_respects_top_k():
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(1))
+    draw = lambda **kw: kvlib.sample(logits, temperature=1.0, generator=torch.Generator().manual_seed(7), **kw)
+    assert torch.equal(draw(), draw())                                   # same generator state, same tokens
+    assert torch.equal(draw(top_k=1), logits.argmax(-1))                 # top-1 sampling is greedy
+    top3 = logits.topk(3, dim=-1).indices
+    for _ in range(5):
+        picked = kvlib.sample(logits, temperature=2.0, top_k=3)
+        assert all(int(p) in top3[i].tolist() for i, p in enumerate(picked))
+    before = logits.clone()
+    kvlib.sample(logits, temperature=0.5, top_k=2)
+    assert torch.equal(logits, before)                                   # the input is left as it was
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(temperature=-1.0), "temperature must be >= 0"),
+                                             (dict(top_k=0), "top_k must be a positive int"),
+                                             (dict(top_k=True), "top_k must be a positive int")])
+def test_sample_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kvlib.sample(torch.zeros(5), **kwargs)

@@ -14,11 +14,11 @@ import kvlib
 from kvlib import Config, Decoder, Int8KVCache, KVCache, SlidingWindowKVCache, kv_cache_bytes
 from kvlib.attention import banded_mask, causal_attention
 from kvlib.measure import peak_memory
-from kvlib.memory import bytes_per_number, crossover_tokens, kv_bytes_per_token, weight_bytes
-from kvlib.model_shapes import MODEL_SHAPES, count_parameters, model_shape
-from kvlib.paging import (Occupancy, PagePool, Request, occupancy, pages_for, per_request_occupancy,
+from kvlib.cache import bytes_per_number, crossover_tokens, kv_bytes_per_token, weight_bytes
+from kvlib.cache import MODEL_SHAPES, count_parameters, model_shape
+from kvlib.cache import (Occupancy, PagePool, RequestLengths, occupancy, pages_for, per_request_occupancy,
                           reserved_slots, sample_requests)
-from kvlib.quant_cache import dequantize_int8, quantize_int8
+from kvlib.cache import dequantize_int8, quantize_int8
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -400,7 +400,7 @@ def test_paging_helpers():
         reserved_slots(3000, "contiguous")
     with pytest.raises(ValueError):
         reserved_slots(3, "buddy")
-    r = Request(prompt_len=3, output_len=2)
+    r = RequestLengths(prompt_len=3, output_len=2)
     assert list(r.lengths()) == [4, 5]
     # at 4 tokens of 5 with pages of 4: 4 used, nothing empty; at 5: 5 used, 3 never used
     assert per_request_occupancy([r], "paged", page_size=4) == [Occupancy(9, 0, 3)]
@@ -432,7 +432,7 @@ def test_page_pool():
 def calculator():
     from ipywidgets.widgets.widget import _instances
 
-    from kvlib.memory import memory_calculator_widget
+    from kvlib.widgets import memory_calculator_widget
 
     before = set(_instances)
     yield memory_calculator_widget(start=("Llama-3-8B", 32_768, 8, "float16 / bfloat16"))
@@ -456,7 +456,7 @@ def test_calculator_is_nested_stacks_linked_to_the_controls(calculator):
     assert "Llama-3-8B" in view and "32,768 tokens × batch 8" in view
     assert f"{kv_cache_bytes(MODEL_SHAPES['Llama-3-8B'].config, 32_768, 8, torch.float16):,} bytes" in view
     # every Stack is jslink-ed to exactly one control, index -> selected_index; the slider drives the top one
-    links = [l for l in box._links if isinstance(l, Link)]
+    links = [l for l in box.links if isinstance(l, Link)]
     assert all(l.source[1] == "index" and l.target[1] == "selected_index" for l in links)
     controls = {l.target[0].model_id: l.source[0] for l in links}
     assert len(controls) == len(links) == 1 + 8 + 8 * 3 + 8 * 3 * 3
@@ -480,13 +480,13 @@ def test_calculator_is_nested_stacks_linked_to_the_controls(calculator):
 def test_calculator_state_stays_small(calculator):
     from ipywidgets.embed import dependency_state, embed_data
 
-    state = dependency_state([calculator, *calculator._links])    # the widget, its views and its links
-    assert len(state) > 5 * 8 * 3 * 3 + len(calculator._links)
+    state = dependency_state([calculator, *calculator.links])    # the widget, its views and its links
+    assert len(state) > 5 * 8 * 3 * 3 + len(calculator.links)
     assert len(json.dumps(embed_data(views=[calculator], state=state)["manager_state"])) < 1_000_000
 
 
 def test_calculator_bad_start():
-    from kvlib.memory import memory_calculator_widget
+    from kvlib.widgets import memory_calculator_widget
 
     with pytest.raises(ValueError, match="not one of"):
         memory_calculator_widget(start=("Llama-3-8B", 1000, 1, "float32"))

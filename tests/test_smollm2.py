@@ -18,22 +18,23 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from unittest import mock
 import torch
 
 import kvlib
-from kvlib import weights
-from kvlib.gguf_loader import config_from_gguf, load_gguf_decoder, open_gguf, permute, unpermute
-from kvlib.weights import ModelFileError
+from kvlib.smollm2 import weights
+from kvlib.smollm2.gguf import config_from_gguf, load_gguf_decoder, open_gguf, permute, unpermute
+from kvlib.smollm2.weights import ModelFileError
 
-FETCH = "python -m kvlib.weights"
-REFETCH = "python -m kvlib.weights --force"
+FETCH = "python -m kvlib.smollm2.weights"
+REFETCH = "python -m kvlib.smollm2.weights --force"
 
 
 # --- a small stand-in for the model file -------------------------------------------------------
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> bytes:
-    """Make kvlib.weights expect a 4 KiB payload instead of the 98 MB file; isolate every env var and folder."""
+    """Make kvlib.smollm2.weights expect a 4 KiB payload instead of the 98 MB file; isolate every env var and folder."""
     payload = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     monkeypatch.setattr(weights, "SMOLLM2_SIZE", len(payload))
     monkeypatch.setattr(weights, "SMOLLM2_SHA256", hashlib.sha256(payload).hexdigest())
@@ -300,7 +301,8 @@ def test_tiny_gguf_round_trip(tiny: tuple[kvlib.Decoder, Path]) -> None:
     ids = torch.randint(0, model.config.vocab_size, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), model(ids), rtol=0, atol=0)
-    no_unpermute = load_gguf_decoder(path, _unpermute=False)
+    with mock.patch("kvlib.smollm2.gguf.unpermute", lambda w, n_heads: w):   # skip undoing the permutation
+        no_unpermute = load_gguf_decoder(path)
     assert not torch.equal(no_unpermute.blocks[0].attn.wq.weight, model.blocks[0].attn.wq.weight)
 
 
@@ -516,7 +518,8 @@ def test_unpermute_matters(real_path: Path, smol: tuple[kvlib.Decoder, kvlib.Tok
     model, tok = smol
     oracle = AutoModelForCausalLM.from_pretrained(str(real_path.parent), gguf_file=real_path.name,
                                                   torch_dtype=torch.float32).eval()
-    wrong = load_gguf_decoder(real_path, _unpermute=False)
+    with mock.patch("kvlib.smollm2.gguf.unpermute", lambda w, n_heads: w):   # skip undoing the permutation
+        wrong = load_gguf_decoder(real_path)
     ids = torch.tensor([tok.encode("The quick brown fox jumps over the lazy dog because")])
     with torch.no_grad():
         expected = oracle(ids).logits

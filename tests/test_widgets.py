@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import kvlib
-from kvlib.flops import generation_flops, step_flops
-from kvlib.widgets import (BUILT_HERE, context_cost_data, context_cost_widget, render_context_view,
+from kvlib.measure.flops import generation_flops, step_flops
+from kvlib.widgets.html import BUILT_HERE
+from kvlib.widgets import (context_cost_data, context_cost_widget, render_context_view,
                            render_total_view, total_arithmetic_data, total_arithmetic_widget)
 
 LENGTHS = [4, 8, 16, 40]
@@ -28,7 +29,7 @@ def points(model):
 
 
 def _links(box):
-    return [w for w in box._links if isinstance(w, Link)]
+    return [w for w in box.links if isinstance(w, Link)]
 
 
 def _state_bytes(box) -> int:

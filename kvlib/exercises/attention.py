@@ -12,49 +12,9 @@ from typing import Callable
 
 import torch
 
-from .framework import Case, run_check
+from .framework import Case, diagnose, run_check
 
 __all__ = ["check_one_head_causal_attention", "check_gqa_attention"]
-
-
-# --- naming the mistake (also used by the KV-cache checks) -----------------------------------
-
-def _same(expected, got, atol: float) -> bool:
-    """``got`` equals ``expected`` within ``atol``; NaN matches NaN (a mistake may produce NaN)."""
-    if isinstance(expected, torch.Tensor):
-        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-                and got.is_floating_point() == expected.is_floating_point()
-                and torch.allclose(got.double(), expected.double(), atol=atol, rtol=0, equal_nan=True))
-    if isinstance(expected, (tuple, list)):
-        return (isinstance(got, (tuple, list)) and len(got) == len(expected)
-                and all(_same(e, g, atol) for e, g in zip(expected, got)))
-    return got == expected
-
-
-def diagnose(fn: Callable, cases: list[Case], mistakes: list[tuple[str, Callable]]) -> str | None:
-    """On the first case that ``fn`` gets wrong, name the mistake whose result ``fn`` reproduces.
-
-    ``mistakes`` pairs a sentence with a function computing what that mistake gives. Returns
-    ``None`` when ``fn`` is right, raises, or matches none of them (the check then shows its
-    general hint). Errors are left for :func:`run_check` to report.
-    """
-    for case in cases:
-        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
-        try:
-            got = fn(*args, **case.kwargs)
-        except Exception:
-            return None
-        if _same(case.expected, got, case.atol):
-            continue
-        for sentence, mistake in mistakes:
-            try:
-                wrong = mistake(*case.args, **case.kwargs)
-            except Exception:
-                continue
-            if _same(wrong, got, case.atol):
-                return "this looks like a known slip: " + sentence
-        return None
-    return None
 
 
 # --- references and the usual mistakes, written out --------------------------------------

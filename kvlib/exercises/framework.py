@@ -6,6 +6,14 @@ from typing import Any, Callable
 
 import torch
 
+from ..config import Config
+
+# Small shapes the checks try besides Config.tiny() (which has grouped-query attention):
+# plain multi-head attention (a key/value head per query head) and multi-query attention
+# (one key/value head for all). The exercise checks of every section share them.
+MULTI_HEAD = Config(vocab_size=48, d_model=24, n_layers=2, n_heads=3, n_kv_heads=3, d_mlp=40, max_seq_len=64)
+MULTI_QUERY = Config(vocab_size=40, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_mlp=48, max_seq_len=64)
+
 
 class CheckFailed(Exception):
     """An exercise check did not pass. Jupyter shows only the message, not a traceback."""
@@ -25,13 +33,15 @@ class Case:
     atol: float = 1e-5
 
 
-def _describe(x: Any) -> str:
+def describe(x: Any) -> str:
+    """A short description of an input or output for a check's message: shape and dtype of a
+    tensor (its values when small), a short repr otherwise."""
     if isinstance(x, torch.Tensor):
         if x.numel() <= 12:
             return f"tensor of shape {tuple(x.shape)}, dtype {x.dtype}: {x.tolist()}"
         return f"tensor of shape {tuple(x.shape)}, dtype {x.dtype}"
     if isinstance(x, (tuple, list)) and len(x) <= 6:
-        return "(" + ", ".join(_describe(i) for i in x) + ")"
+        return "(" + ", ".join(describe(i) for i in x) + ")"
     text = repr(x)
     return text if len(text) < 200 else text[:200] + "…"
 
@@ -60,7 +70,7 @@ def _first_difference(expected: Any, got: Any, atol: float) -> str | None:
         return None
     if isinstance(expected, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-            return f"expected {len(expected)} results ({_describe(expected)}), got {_describe(got)}"
+            return f"expected {len(expected)} results ({describe(expected)}), got {describe(got)}"
         for i, (e, g) in enumerate(zip(expected, got)):
             why = _first_difference(e, g, atol)
             if why:
@@ -68,10 +78,10 @@ def _first_difference(expected: Any, got: Any, atol: float) -> str | None:
         return None
     if isinstance(expected, float):
         if not isinstance(got, (int, float)) or abs(got - expected) > atol * max(1.0, abs(expected)):
-            return f"expected {expected:.6g}, got {_describe(got)}"
+            return f"expected {expected:.6g}, got {describe(got)}"
         return None
     if got != expected:
-        return f"expected {_describe(expected)}, got {_describe(got)}"
+        return f"expected {describe(expected)}, got {describe(got)}"
     return None
 
 
@@ -92,13 +102,53 @@ def run_check(exercise: str, fn: Callable, cases: list[Case], *, hint: str = "")
                               f"in your function with your code.") from None
         except Exception as e:                            # show the student's own error, briefly
             raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) raised "
-                              f"{type(e).__name__}: {e}\n  input: {_describe(case.args)}") from None
+                              f"{type(e).__name__}: {e}\n  input: {describe(case.args)}") from None
         why = _first_difference(case.expected, got, case.atol)
         if why:
             message = (f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: {why}\n"
-                       f"  input: {_describe(case.args)}")
+                       f"  input: {describe(case.args)}")
             if hint:
                 message += f"\n  hint: {hint}"
             raise CheckFailed(message)
     names = ", ".join(c.name for c in cases)
     print(f"✓ {exercise}: all {len(cases)} cases pass ({names}).")
+
+
+# --- naming the mistake ----------------------------------------------------------------------
+
+def _same(expected, got, atol: float) -> bool:
+    """``got`` equals ``expected`` within ``atol``; NaN matches NaN (a mistake may produce NaN)."""
+    if isinstance(expected, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape
+                and got.is_floating_point() == expected.is_floating_point()
+                and torch.allclose(got.double(), expected.double(), atol=atol, rtol=0, equal_nan=True))
+    if isinstance(expected, (tuple, list)):
+        return (isinstance(got, (tuple, list)) and len(got) == len(expected)
+                and all(_same(e, g, atol) for e, g in zip(expected, got)))
+    return got == expected
+
+
+def diagnose(fn: Callable, cases: list[Case], mistakes: list[tuple[str, Callable]]) -> str | None:
+    """On the first case that ``fn`` gets wrong, name the mistake whose result ``fn`` reproduces.
+
+    ``mistakes`` pairs a sentence with a function computing what that mistake gives. Returns
+    ``None`` when ``fn`` is right, raises, or matches none of them (the check then shows its
+    general hint). Errors are left for :func:`run_check` to report.
+    """
+    for case in cases:
+        args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in case.args)
+        try:
+            got = fn(*args, **case.kwargs)
+        except Exception:
+            return None
+        if _same(case.expected, got, case.atol):
+            continue
+        for sentence, mistake in mistakes:
+            try:
+                wrong = mistake(*case.args, **case.kwargs)
+            except Exception:
+                continue
+            if _same(wrong, got, case.atol):
+                return "this looks like a known slip: " + sentence
+        return None
+    return None

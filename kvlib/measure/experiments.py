@@ -1,63 +1,20 @@
 """The chapter's experiments as functions: timing both decoders side by side, sweeping the
-prompt length, and measuring working memory. Notebooks call these so their cells stay short;
-the benchmark command reuses them."""
+prompt length, compiling the decode step, measuring working memory, and measuring what a
+rounded cache does to the next-token predictions over a text. Notebooks call these so their
+cells stay short."""
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
-from .cache import KVCache
-from .generate import Generation, generate
-from .measure import peak_memory, sync
-
-# The real-model section's demo: five paragraphs of the course's article and a question
-# about them, a chat turn with a little context (a few hundred tokens with the template).
-# The speed-up depends on this length; the section measures how. `python -m kvlib.bench`
-# uses the same prompt.
-DEMO_PASSAGE = (
-    "A language model writes one token at a time. A token is a word or a piece of a word. To "
-    "choose each new token, the model looks back over everything it has written so far. For "
-    "every earlier token it builds two small lists of numbers: a key, which works like a "
-    "label saying what that token is about, and a value, the information it hands over when a "
-    "later token looks it up."
-    "\n\n"
-    "The KV cache (K for keys, V for values) simply keeps those lists in memory. They are "
-    "built once and reused, instead of being rebuilt from scratch at every step."
-    "\n\n"
-    "The video compares two ways of producing the same AI answer: with the cache it takes "
-    "about 9 seconds, without it about 79, and the words come out identical. In the course's "
-    "test behind it, the answer is 48 tokens long and the exact times are 8.85 s and 78.95 s. "
-    "Nothing was lost. Only repeated work was removed, and the answer arrived roughly nine "
-    "times sooner."
-    "\n\n"
-    "The trick depends on a rule built into these models: a token can only look backwards, "
-    "never forwards. Experts call this the causal mask. So when token number 8 arrives, token "
-    "number 7 cannot see it, and its key and value stay exactly as they were. Recomputing "
-    "them gives the same numbers again, so storing them is pure savings."
-    "\n\n"
-    "With the cache, each step feeds the model just the one new token. That token compares "
-    "itself against all the stored keys and collects what it needs from the stored values."
-)
-DEMO_QUESTION = "In two sentences: what does the KV cache keep, and why does that make writing faster?"
-
-
-def evaluation_text() -> str:
-    """The chapter's evaluation text: an original text of about 4,000 words written for this
-    project (``kvlib/data/eval_text.txt``; its README says what it is and how it may be used).
-    Quality measurements run over it; nothing is downloaded."""
-    from importlib.resources import files
-
-    return files("kvlib").joinpath("data", "eval_text.txt").read_text(encoding="utf-8")
-
-
-def demo_prompt(tokenizer) -> list[int]:
-    """Token ids of the demo chat turn: :data:`DEMO_PASSAGE`, a blank line, :data:`DEMO_QUESTION`."""
-    return tokenizer.encode_chat(DEMO_PASSAGE + "\n\n" + DEMO_QUESTION)
-
+from ..cache.base import KVCache
+from ..clock import Stopwatch
+from ..generate import Generation, generate
+from .memory import peak_memory
+from .quality import next_token_agreement
 
 @dataclass
 class SpeedComparison:
@@ -94,11 +51,9 @@ class SpeedComparison:
 
 
 def _timed(model, prompt, n_new, use_cache, compile=False) -> tuple[Generation, float]:
-    sync()
-    t0 = time.perf_counter()
-    out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
-    sync()
-    return out, time.perf_counter() - t0
+    with Stopwatch() as watch:
+        out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
+    return out, watch.seconds
 
 
 def compare_speed(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int, *,
@@ -185,9 +140,9 @@ def compare_compiled(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: i
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=1 + 2 * repeats, desc="compiling the decode step", unit="run")
-    t0 = time.perf_counter()
-    generate(model, prompt_ids, 2, compile=True)
-    compile_seconds = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        generate(model, prompt_ids, 2, compile=True)
+    compile_seconds = watch.seconds
     if bar is not None:
         bar.update()
         bar.set_description(f"{n_new} tokens, as written and compiled")
@@ -283,8 +238,6 @@ def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, 
     logits a decode step would: each query attends to the stored, possibly rounded, keys and
     values of all earlier tokens. Only one chunk of logits is alive at a time.
     """
-    from .measure import next_token_agreement
-
     device = next(model.parameters()).device
     x = torch.tensor([list(ids)], dtype=torch.long, device=device)          # (1, n)
     built = {"reference": KVCache.for_model(model, max_len=x.shape[1])}

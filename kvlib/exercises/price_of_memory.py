@@ -13,13 +13,12 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from ..model_shapes import MODEL_SHAPES
-from ..quant_cache import quantize_int8
-from .framework import Case, CheckFailed, _describe, run_check
+from ..cache.model_shapes import MODEL_SHAPES
+from ..cache.quantized import quantize_int8
+from .framework import MULTI_QUERY, Case, CheckFailed, describe, run_check
 
 __all__ = ["check_max_context", "check_quantize_int8"]
 
-_MQA = Config(vocab_size=40, d_model=64, n_layers=5, n_heads=4, n_kv_heads=1, d_mlp=48, max_seq_len=64)
 
 
 # ---------------------------------------------------------------------------------------
@@ -76,7 +75,7 @@ def _diagnose_number(exercise: str, fn: Callable, cases: list[Case], mistakes: C
                    if any(v != case.expected and got == v for v in (values if isinstance(values, tuple) else (values,)))]
         if len(matches) == 1:
             raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: expected "
-                              f"{case.expected:,}, got {got:,}\n  input: {_describe(case.args)}\n  hint: {matches[0]}")
+                              f"{case.expected:,}, got {got:,}\n  input: {describe(case.args)}\n  hint: {matches[0]}")
         if not matches:
             return
         # several mistakes give this same number here: a later case tells them apart
@@ -97,7 +96,7 @@ def check_max_context(fn: Callable[[Config, int, int, int], int]) -> None:
         ("Llama-2-7B, 24 GB, batch 1", llama2.config, llama2.n_params, 24 * gb, 1),
         ("Mistral-7B, 40 GB, batch 32", mistral.config, mistral.n_params, 40 * gb, 32),
         ("Llama-3-70B on two 80 GB accelerators, batch 16", llama70.config, llama70.n_params, 160 * gb, 16),
-        ("multi-query (1 kv head), 5,000 parameters, 50 kB, batch 3", _MQA, 5_000, 50_000, 3),
+        ("multi-query (1 kv head), 5,000 parameters, 50 kB, batch 3", MULTI_QUERY, 5_000, 50_000, 3),
         ("Llama-3-8B on 16 GB: the weights alone do not fit", llama3.config, llama3.n_params, 16 * gb, 1),
     ]
     cases = [Case(name, (cfg, p, m, b), _max_context(cfg, p, m, b)) for name, cfg, p, m, b in specs]
@@ -164,7 +163,7 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
         except Exception:                # run_check says "not written yet" or shows the error
             break
         if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-            raise CheckFailed(f"{where}: expected two tensors (q, scale), got {_describe(out)}")
+            raise CheckFailed(f"{where}: expected two tensors (q, scale), got {describe(out)}")
         q, scale = out
         ref_scale = quantize_int8(x)[1]
         if tuple(q.shape) != tuple(x.shape):
@@ -180,7 +179,7 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
         why = _quant_mistake(x, scale)
         if why:
             raise CheckFailed(f"{where} is wrong: the scales are not max|x| / 127 per vector\n  "
-                              f"input: {_describe(x)}\n  hint: {why}")
+                              f"input: {describe(x)}\n  hint: {why}")
         if tuple(scale.shape) != tuple(ref_scale.shape):
             raise CheckFailed(f"{where}: scale must have shape {tuple(ref_scale.shape)} (one per vector, "
                               f"keepdim=True), got {tuple(scale.shape)}")
@@ -188,7 +187,7 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
             diff = (scale.double() - ref_scale.double()).abs()
             idx = tuple(int(j) for j in torch.nonzero(diff == diff.max())[0])
             raise CheckFailed(f"{where} is wrong: scale at index {idx} should be {ref_scale[idx].item():.6g} "
-                              f"(largest magnitude ÷ 127), got {scale[idx].item():.6g}\n  input: {_describe(x)}")
+                              f"(largest magnitude ÷ 127), got {scale[idx].item():.6g}\n  input: {describe(x)}")
         ratio = x.double() / torch.where(ref_scale == 0, 1, ref_scale).double()
         qd, gap = q.double(), ratio.abs() - q.double().abs()
         if ((qd - ratio).abs() > 0.5 + 1e-4).any() and bool(((gap > -1e-4) & (gap < 1 + 1e-4)).all()):

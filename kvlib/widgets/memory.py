@@ -1,17 +1,9 @@
-"""How big the KV cache is: the size formula, when it outweighs the weights, and a calculator.
+"""The memory calculator widget: model × context × batch × number format, with the cache
+beside the weights (the sizes come from :mod:`kvlib.cache.sizes`).
 
-Every layer keeps a key and a value for every token, in every key/value head, each
-``head_dim`` numbers long, for every sequence of the batch:
-
-    bytes = 2 (keys and values) × layers × kv heads × head dim × bytes per number × tokens × batch
-
-:func:`kv_cache_bytes` computes it; ``tests/test_memory.py`` checks it against the buffers
-a real :class:`kvlib.KVCache` allocates (``KVCache.nbytes``).
-
-The calculator widget (:func:`memory_calculator_widget`) follows the slider widgets of
-:mod:`kvlib.widgets`: every combination of its controls is drawn in advance and shown by
-``Stack`` widgets linked to the controls with ``jslink``, so it works in the published
-HTML book without a Python kernel.
+It follows the slider widgets of :mod:`kvlib.widgets.cost`: every combination of its
+controls is drawn in advance and shown by ``Stack`` widgets linked to the controls with
+``jslink``, so it works in the published HTML book without a Python kernel.
 """
 from __future__ import annotations
 
@@ -22,65 +14,13 @@ from typing import Mapping, Sequence
 
 import torch
 
-__all__ = ["bytes_per_number", "kv_cache_bytes", "kv_bytes_per_token", "weight_bytes", "crossover_tokens",
-           "MemoryPoint", "memory_point", "render_memory_view", "memory_calculator_widget",
+from ..cache.model_shapes import MODEL_SHAPES
+from ..cache.sizes import bytes_per_number, crossover_tokens, kv_cache_bytes, weight_bytes
+from ..measure.memory import fmt_bytes
+from .html import widget_box
+
+__all__ = ["MemoryPoint", "memory_point", "render_memory_view", "memory_calculator_widget",
            "CALCULATOR_CONTEXTS", "CALCULATOR_BATCHES", "CALCULATOR_DTYPES"]
-
-
-def bytes_per_number(dtype: torch.dtype | int) -> int:
-    """Bytes of one stored number: ``torch.float16 -> 2``; an int is taken as the byte count."""
-    if isinstance(dtype, bool):
-        raise TypeError("bytes_per_number: expected a torch.dtype or a positive int, got a bool")
-    if isinstance(dtype, int):
-        if dtype < 1:
-            raise ValueError(f"bytes per number must be a positive int, got {dtype}")
-        return dtype
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"expected a torch.dtype or a positive int, got {type(dtype).__name__}")
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _check_count(name: str, value: int, minimum: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-def kv_bytes_per_token(config, dtype: torch.dtype | int = torch.float32) -> int:
-    """Bytes the cache adds for one token of one sequence: ``2 × layers × kv heads × head dim × bytes``.
-
-    ``config`` is a :class:`kvlib.Config` or anything with ``n_layers``, ``n_kv_heads`` and
-    ``head_dim`` (e.g. a :class:`kvlib.model_shapes.ModelShape`).
-    """
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_number(dtype)
-
-
-def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype | int = torch.float32) -> int:
-    """Bytes of a KV cache holding ``seq_len`` tokens for each of ``batch`` sequences in ``dtype``:
-
-    ``2 (keys and values) × n_layers × n_kv_heads × head_dim × bytes per number × seq_len × batch``.
-
-    Equals ``KVCache(config.n_layers, batch, config.n_kv_heads, seq_len, config.head_dim, dtype).nbytes``.
-    ``dtype`` may also be a number of bytes (``1`` for int8 numbers, scales not included).
-    """
-    _check_count("seq_len", seq_len)
-    _check_count("batch", batch, 1)
-    return kv_bytes_per_token(config, dtype) * seq_len * batch
-
-
-def weight_bytes(n_params: int, dtype: torch.dtype | int = torch.float16) -> int:
-    """Bytes of ``n_params`` weights stored in ``dtype`` (16-bit by default, as models are served)."""
-    _check_count("n_params", n_params)
-    return n_params * bytes_per_number(dtype)
-
-
-def crossover_tokens(config, n_params: int, batch: int = 1, cache_dtype: torch.dtype | int = torch.float16,
-                     weight_dtype: torch.dtype | int = torch.float16) -> float:
-    """Tokens per sequence at which the cache (for ``batch`` sequences) weighs as much as the weights.
-
-    ``weight bytes / (bytes per token × batch)``; from the next whole token on, the cache is heavier.
-    """
-    _check_count("batch", batch, 1)
-    return weight_bytes(n_params, weight_dtype) / (kv_bytes_per_token(config, cache_dtype) * batch)
 
 
 # =======================================================================================
@@ -118,7 +58,7 @@ class MemoryPoint:
 
 
 def memory_point(shape, context: int, batch: int, dtype_name: str, dtype: torch.dtype | int) -> MemoryPoint:
-    """The calculator's numbers for ``shape`` (a :class:`kvlib.model_shapes.ModelShape`)."""
+    """The calculator's numbers for ``shape`` (a :class:`kvlib.cache.ModelShape`)."""
     cfg = shape.config
     return MemoryPoint(
         model=shape.name, n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
@@ -131,8 +71,6 @@ def memory_point(shape, context: int, batch: int, dtype_name: str, dtype: torch.
 def render_memory_view(p: MemoryPoint, bar_px: int = 300) -> str:
     """The static HTML of one setting: the formula with its numbers, the cache beside the
     weights as two bars, and from how many tokens on the cache is the heavier."""
-    from .measure import fmt_bytes
-
     scale = max(p.cache_bytes, p.weight_bytes)
     bpn = f"{p.bytes_per_number} byte{'s' if p.bytes_per_number > 1 else ''}"
 
@@ -170,14 +108,11 @@ def memory_calculator_widget(shapes: Mapping | None = None, *, contexts: Sequenc
     Every combination is drawn in advance. The views sit in nested ``Stack`` widgets (contexts,
     then batch sizes, then dtypes, then models), each ``jslink``-ed to its control, so the
     widget works in a static HTML page. ``shapes`` defaults to
-    :data:`kvlib.model_shapes.MODEL_SHAPES`; ``start`` is ``(model, context, batch, dtype name)``.
+    :data:`kvlib.cache.MODEL_SHAPES`; ``start`` is ``(model, context, batch, dtype name)``.
     Returns an ``ipywidgets.VBox``; its ``views`` maps ``(model, context, batch, dtype name)``
     to the view drawn for that choice.
     """
     import ipywidgets as widgets
-
-    from .model_shapes import MODEL_SHAPES
-    from .widgets import _vbox
 
     shapes = dict(MODEL_SHAPES if shapes is None else shapes)
     contexts, batches, dtypes = list(contexts), list(batches), list(dtypes)
@@ -228,9 +163,9 @@ def memory_calculator_widget(shapes: Mapping | None = None, *, contexts: Sequenc
         return stack
 
     top = build(0, ())
-    box = _vbox([model_dd, context_sl, labelled("batch size", batch_tb), labelled("cache dtype", dtype_tb), top],
-                f"memory_calculator_widget({len(names)} models × {len(contexts)} contexts × "
-                f"{len(batches)} batch sizes × {len(dtypes)} dtypes = {len(views)} views)")
-    box._links, box.stack, box.views = links, top, views
+    box = widget_box([model_dd, context_sl, labelled("batch size", batch_tb), labelled("cache dtype", dtype_tb), top],
+                     f"memory_calculator_widget({len(names)} models × {len(contexts)} contexts × "
+                     f"{len(batches)} batch sizes × {len(dtypes)} dtypes = {len(views)} views)", links)
+    box.stack, box.views = top, views
     box.model, box.context, box.batch, box.dtype = model_dd, context_sl, batch_tb, dtype_tb
     return box

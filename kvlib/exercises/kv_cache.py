@@ -11,8 +11,7 @@ from typing import Callable
 
 import torch
 
-from .attention import diagnose
-from .framework import Case, run_check
+from .framework import Case, diagnose, run_check
 
 __all__ = ["check_cached_attention_step", "check_rope_rotate"]
 

@@ -20,30 +20,32 @@ Its floating-point operations (a multiply-add counts as 2, as PyTorch's
     the output layer (logits over the vocabulary): one row with ``last_only=True``
     (what generation needs), ``tokens_in`` rows otherwise.
 
-These are exactly the numbers :func:`kvlib.measure.count_flops` reports for that call
+These are exactly the numbers :func:`count_flops` (PyTorch's counter) reports for that call
 (``tests/test_flops.py`` checks it). Two conventions of that counter matter here:
 element-wise work (RMSNorm, RoPE, softmax, SiLU) and the embedding lookup are not
 counted, and attention is counted over the whole ``tokens_in × context_len`` rectangle
 even where the causal mask hides a score (a plain implementation computes them and masks
 them; a kernel that skips masked blocks saves up to half of the attention part).
 
-The bottom of the module runs and times *one step* of a real model the same way, so a
-notebook can put counted FLOPs, closed-form FLOPs and measured seconds side by side.
+The bottom of the module counts with PyTorch's counter and runs *one step* of a real model
+the same way, so a notebook can put counted FLOPs, closed-form FLOPs and measured seconds
+side by side.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from .config import Config
+from ..cache.base import KVCache
+from ..checks import non_negative_int, positive_int
+from ..config import Config
 
 __all__ = [
     "StepFlops", "linear_flops_per_token", "attention_flops_per_pair", "output_flops_per_row",
     "step_flops", "generation_step_flops", "generation_flops", "generation_ratio",
-    "crossover_context", "step_call", "count_step_flops", "measure_step_seconds", "fmt_flops",
+    "crossover_context", "count_flops", "step_call", "count_step_flops", "fmt_flops",
 ]
 
 
@@ -96,19 +98,6 @@ def crossover_context(config: Config) -> float:
 # One step, and a whole generation
 # ---------------------------------------------------------------------------------------
 
-def _count(name: str, value) -> int:
-    """``value`` as a positive Python int (NumPy integers welcome; floats and bools are not)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a positive int, got {value!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class StepFlops:
     """The arithmetic of one forward call, split by what it grows with."""
@@ -133,8 +122,8 @@ def step_flops(config: Config, context_len: int, tokens_in: int, *, last_only: b
     tokens and attention sees ``context_len`` keys (so ``context_len - tokens_in`` of them
     were already in the cache). ``batch`` sequences cost ``batch`` times as much.
     """
-    context_len, tokens_in, batch = (_count("context_len", context_len), _count("tokens_in", tokens_in),
-                                     _count("batch", batch))
+    context_len, tokens_in, batch = (positive_int("context_len", context_len), positive_int("tokens_in", tokens_in),
+                                     positive_int("batch", batch))
     if tokens_in > context_len:
         raise ValueError(f"tokens_in={tokens_in} cannot exceed context_len={context_len}: the keys "
                          f"include the new tokens themselves")
@@ -156,10 +145,8 @@ def generation_step_flops(config: Config, prompt_len: int, n_new: int, *, use_ca
     Without the cache it feeds all of them; with the cache step 0 is the prefill (the
     whole prompt) and every later step feeds one token.
     """
-    if not isinstance(prompt_len, int) or prompt_len < 1:
-        raise ValueError(f"prompt_len must be a positive int, got {prompt_len!r}")
-    if not isinstance(n_new, int) or n_new < 0:
-        raise ValueError(f"n_new must be a non-negative int, got {n_new!r}")
+    positive_int("prompt_len", prompt_len)
+    non_negative_int("n_new", n_new)
     steps = []
     for s in range(n_new):
         n = prompt_len + s
@@ -192,6 +179,37 @@ def generation_ratio(config: Config, n_new: int, *, prompt_len: int = 1, last_on
 # The same step on a real model: run it, count it, time it
 # ---------------------------------------------------------------------------------------
 
+def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of one fused attention call, as PyTorch counts its GPU kernels: both matmuls
+    (scores ``q @ k^T`` and the weighted sum ``p @ v``) over every query-key pair, mask or
+    not (the counter does not discount the causal mask); grouped-query heads broadcast."""
+    b, h_q, s_q, d_qk = query_shape
+    d_v = value_shape[-1]
+    s_k = key_shape[-2]
+    return 2 * b * h_q * s_q * s_k * d_qk + 2 * b * h_q * s_q * s_k * d_v
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """Floating-point operations PyTorch counts while ``fn`` runs (a multiply-add counts as 2).
+
+    Matrix products (every ``nn.Linear``, ``@``) and attention are counted; element-wise
+    work (norms, RoPE, softmax, activations) is not. ``FlopCounterMode`` has no formula
+    for the CPU attention kernel (``_scaled_dot_product_flash_attention_for_cpu``) and
+    would count attention as 0 on a CPU; we give it the formula it uses for its GPU
+    attention kernels, so a CPU counts attention the way PyTorch counts it on a GPU.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mapping = {}
+    cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu_sdpa is not None:
+        mapping[cpu_sdpa] = _sdpa_flops
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+
 def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
               seed: int = 0) -> Callable[[], torch.Tensor]:
     """A function that runs *one* generation step of ``model`` at ``context_len`` tokens of
@@ -205,8 +223,6 @@ def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
     cfg = model.config
     if not isinstance(context_len, int) or not 1 <= context_len <= cfg.max_seq_len:
         raise ValueError(f"context_len must be an int in 1..{cfg.max_seq_len}, got {context_len!r}")
-    from .cache import KVCache
-
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (1, context_len), generator=gen).to(device)
@@ -224,25 +240,15 @@ def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
     last = ids[:, stored:]
 
     def cached_step() -> torch.Tensor:
-        cache.pos = stored             # the same step every call: one new token after `stored`
+        cache.truncate(stored)         # the same step every call: one new token after `stored`
         with torch.no_grad():
             return model(last, cache, last_only=True)
     return cached_step
 
 
 def count_step_flops(model: torch.nn.Module, context_len: int, *, use_cache: bool) -> int:
-    """FLOPs PyTorch counts (:func:`kvlib.measure.count_flops`) for one step of ``model``."""
-    from .measure import count_flops
-
+    """FLOPs PyTorch counts (:func:`count_flops`) for one step of ``model``."""
     return count_flops(step_call(model, context_len, use_cache=use_cache))
-
-
-def measure_step_seconds(model: torch.nn.Module, context_len: int, *, use_cache: bool,
-                         repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall-clock seconds of one step of ``model`` (:func:`kvlib.measure.median_seconds`)."""
-    from .measure import median_seconds
-
-    return median_seconds(step_call(model, context_len, use_cache=use_cache), repeats=repeats, warmup=warmup)
 
 
 def fmt_flops(flops: float) -> str:

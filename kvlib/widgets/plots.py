@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .generate import StepRecord
+from ..generate import StepRecord
 
 
 def _axes(ax, figsize=(7, 4)):

@@ -18,10 +18,8 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from ..generate import generate
 from ..model import Decoder
-from .attention import diagnose
-from .framework import Case, CheckFailed, run_check
+from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, diagnose, run_check
 
 __all__ = ["check_greedy_uncached", "check_greedy_batch"]
 
@@ -41,13 +39,11 @@ class _CheckModel(Decoder):
 
 
 _TINY = Config.tiny()                                                    # 4 query heads share 2 kv heads
-_MHA = Config(vocab_size=48, d_model=24, n_layers=1, n_heads=3, n_kv_heads=3, d_mlp=40, max_seq_len=64)
-_MQA = Config(vocab_size=80, d_model=32, n_layers=3, n_heads=4, n_kv_heads=1, d_mlp=48, max_seq_len=64)
 
 
 _LABELS = {id(_TINY): "Config.tiny() (4 query heads share 2 kv heads)",
-           id(_MHA): "a 1-layer multi-head config (3 heads, 3 kv heads)",
-           id(_MQA): "a 3-layer multi-query config (4 heads, 1 kv head)"}
+           id(MULTI_HEAD): "a 2-layer multi-head config (3 heads, 3 kv heads)",
+           id(MULTI_QUERY): "a 3-layer multi-query config (4 heads, 1 kv head)"}
 
 
 @contextlib.contextmanager
@@ -158,8 +154,8 @@ def _loop_cases() -> list[Case]:
         ("one-token prompt, 8 new tokens", _TINY, 31, 1, 8),
         ("one new token", _TINY, 3, 7, 1),
         ("no new tokens", _TINY, 4, 4, 0),
-        ("multi-head model, 3-token prompt, 10 new tokens", _MHA, 26, 3, 10),
-        ("multi-query model with 3 layers, 12-token prompt, 7 new tokens", _MQA, 22, 12, 7),
+        ("multi-head model, 3-token prompt, 10 new tokens", MULTI_HEAD, 26, 3, 10),
+        ("multi-query model with 3 layers, 12-token prompt, 7 new tokens", MULTI_QUERY, 22, 12, 7),
     ]
     cases = []
     for name, config, seed, prompt_len, n_new in specs:
@@ -282,8 +278,8 @@ def _batch_cases() -> list[Case]:
         ("one prompt (batch 1), 6 new tokens", _TINY, 12, 1, 6, 6),
         ("2 one-token prompts, 7 new tokens", _TINY, 13, 2, 1, 7),
         ("4 prompts, one new token", _TINY, 14, 4, 5, 1),
-        ("multi-head model, 2 prompts of 3 tokens, 9 new tokens", _MHA, 15, 2, 3, 9),
-        ("multi-query model, 5 prompts of 6 tokens, 4 new tokens", _MQA, 16, 5, 6, 4),
+        ("multi-head model, 2 prompts of 3 tokens, 9 new tokens", MULTI_HEAD, 15, 2, 3, 9),
+        ("multi-query model, 5 prompts of 6 tokens, 4 new tokens", MULTI_QUERY, 16, 5, 6, 4),
     ]
     cases = []
     for name, config, seed, batch, prompt_len, n_new in specs:
@@ -312,9 +308,3 @@ def _check_batch(fn: Callable) -> None:
                      "all of them, not once per prompt.")
     hint = diagnose(wrapped, cases, _MISTAKES_BATCH) or _HINT_BATCH
     _run(exercise, wrapped, cases, hint)
-
-
-def _agrees_with_generate(case: Case) -> bool:
-    """The batched reference equals ``kvlib.generate`` run on each prompt alone (used by the tests)."""
-    model, prompts, n_new = case.args
-    return all(generate(model, p, n_new, use_cache=False) == row for p, row in zip(prompts, case.expected))

@@ -1,16 +1,12 @@
-"""Slider widgets for the cost of generation, with and without the KV cache.
+"""A slider over the context length: the cost of one generation step, with and without the
+KV cache (the section *Quadratic versus linear*).
 
-Each widget is built in two separate halves:
-
-- **computing**: pure functions that return one small dataclass per slider position
-  (:func:`context_cost_data`, :func:`total_arithmetic_data`);
-- **drawing**: functions that turn one position into a static HTML string (an inline SVG
-  picture and a table: :func:`render_context_view`, :func:`render_total_view`).
-
-The widget puts one pre-drawn view per position in an ``ipywidgets.Stack`` and links the
-slider (and a play button) to it with ``jslink``: the link runs in the browser, so the
-widget also works in the published HTML book, where no Python kernel is running. With a
-running kernel, the context widget can in addition measure the chosen length live.
+Built in two halves: **computing** (:func:`context_cost_data`: one small dataclass per
+slider position, from the closed form, PyTorch's FLOP counter and the clock) and
+**drawing** (:func:`render_context_view`: one position as a static HTML string, an inline
+SVG picture and a table). :func:`context_cost_widget` puts one pre-drawn view per position
+in an ``ipywidgets.Stack`` linked to the slider in the browser (:mod:`kvlib.widgets.html`).
+With a running kernel it can in addition measure the chosen length live.
 """
 from __future__ import annotations
 
@@ -18,23 +14,17 @@ import html
 from dataclasses import dataclass
 from typing import Sequence
 
-from .config import Config
-from .flops import StepFlops, fmt_flops, generation_step_flops, step_call, step_flops
-from .measure import count_flops, fmt_ratio, fmt_seconds, median_seconds
+from ..checks import positive_int
+from ..config import Config
+from ..measure.flops import StepFlops, count_flops, fmt_flops, step_call, step_flops
+from ..measure.timing import fmt_ratio, fmt_seconds, median_seconds
+from .html import BUILT_HERE, CACHED, CACHED_PALE, UNCACHED, UNCACHED_PALE, html_table, slider_stack, widget_box
 
-__all__ = [
-    "ContextPoint", "context_cost_data", "render_context_view", "context_cost_widget",
-    "TotalPoint", "total_arithmetic_data", "render_total_view", "total_arithmetic_widget",
-    "CostWidget",
-]
-
-# Colours (colour-blind safe, after ColorBrewer Dark2)
-UNCACHED, UNCACHED_PALE = "#d95f02", "#fde3cc"
-CACHED, CACHED_PALE = "#1b9e77", "#e4e4e4"
-BUILT_HERE = "measured on the machine that built this page"
+__all__ = ["ContextPoint", "context_cost_data", "render_context_view", "context_cost_widget",
+           "config_of", "check_lengths"]
 
 
-def _config_of(model_or_config) -> Config:
+def config_of(model_or_config) -> Config:
     if isinstance(model_or_config, Config):
         return model_or_config
     config = getattr(model_or_config, "config", None)
@@ -43,13 +33,12 @@ def _config_of(model_or_config) -> Config:
     return config
 
 
-def _check_lengths(lengths: Sequence[int], upper: int | None = None) -> list[int]:
+def check_lengths(lengths: Sequence[int], upper: int | None = None) -> list[int]:
     lengths = list(lengths)
     if not lengths:
         raise ValueError("lengths is empty: give at least one length")
     for n in lengths:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"every length must be a positive int, got {n!r}")
+        positive_int("every length", n)
         if upper is not None and n > upper:
             raise ValueError(f"length {n} exceeds the model's max_seq_len={upper}")
     if sorted(set(lengths)) != lengths:
@@ -64,7 +53,7 @@ def _check_lengths(lengths: Sequence[int], upper: int | None = None) -> list[int
 @dataclass(frozen=True)
 class ContextPoint:
     """One step at ``context_len`` tokens of context, both ways: FLOPs from the closed form
-    (:mod:`kvlib.flops`), FLOPs PyTorch counted, and median measured seconds (``None``
+    (:mod:`kvlib.measure.flops`), FLOPs PyTorch counted, and median measured seconds (``None``
     where not counted or measured)."""
 
     context_len: int
@@ -97,9 +86,9 @@ def context_cost_data(model_or_config, lengths: Sequence[int], *, count: bool = 
     (``count``) and timed (``measure``: median of ``repeats`` runs after one warm-up);
     with a :class:`kvlib.Config` only the closed form is filled in.
     """
-    config = _config_of(model_or_config)
+    config = config_of(model_or_config)
     model = None if isinstance(model_or_config, Config) else model_or_config
-    lengths = _check_lengths(lengths, config.max_seq_len)
+    lengths = check_lengths(lengths, config.max_seq_len)
     steps = lengths
     if progress:
         from tqdm.auto import tqdm
@@ -192,20 +181,6 @@ def _bars_svg(rows: Sequence[tuple[str, float, str, str]], scale: float, caption
     return "".join(parts)
 
 
-_TABLE = ('<table style="border-collapse:collapse;font-size:12px;margin-top:4px">{}</table>')
-_TD = '<td style="padding:2px 10px;border-bottom:1px solid #ddd;text-align:{align}">{text}</td>'
-
-
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    def tr(cells, tag="td"):
-        out = []
-        for i, c in enumerate(cells):
-            cell = _TD.format(align="left" if i == 0 else "right", text=c)
-            out.append(cell.replace("<td", "<th").replace("</td>", "</th>") if tag == "th" else cell)
-        return "<tr>" + "".join(out) + "</tr>"
-    return _TABLE.format(tr(header, "th") + "".join(tr(r) for r in rows))
-
-
 def render_context_view(point: ContextPoint, *, max_flops: float | None = None, repeats: int | None = None,
                         where: str = BUILT_HERE) -> str:
     """The static view of one slider position: the two score grids, bars of the step's FLOPs
@@ -233,51 +208,10 @@ def render_context_view(point: ContextPoint, *, max_flops: float | None = None, 
         runs = f", median of {repeats} runs" if repeats else ""
         rows.append([f"time of the step ({where}{runs})", fmt_seconds(point.seconds_uncached),
                      fmt_seconds(point.seconds_cached), fmt_ratio(point.seconds_ratio, "slower without")])
-    table = _table(rows, ["", "without the cache", "with the cache", "ratio"])
+    table = html_table(rows, ["", "without the cache", "with the cache", "ratio"])
     heading = (f'<div style="font-weight:bold;margin:2px 0 4px">One step at a context of {n:,} tokens</div>')
     return (f'<div style="font-family:sans-serif;font-size:12px;line-height:1.3">{heading}'
             f'{_grid_svg(n)}<br>{bars}{table}</div>')
-
-
-class CostWidget:
-    """Mixin: a short, stable ``repr`` for a widget (its default repr would spell out every
-    child and its HTML, which would then be stored in the notebook as text)."""
-
-    _summary = "widget"
-
-    def __repr__(self) -> str:
-        return self._summary
-
-
-_VBOX_CLASS = None
-
-
-def _vbox(children, summary):
-    """An ``ipywidgets.VBox`` (same model and view in the browser) with a short repr."""
-    global _VBOX_CLASS
-    if _VBOX_CLASS is None:
-        import ipywidgets as widgets
-
-        _VBOX_CLASS = type("CostVBox", (CostWidget, widgets.VBox), {})
-    box = _VBOX_CLASS(children)
-    box._summary = summary
-    return box
-
-
-def _slider_stack(labels: Sequence[str], views: Sequence[str], description: str, start: int, interval: int):
-    """A play button and a labelled slider, both ``jslink``-ed to a Stack of pre-drawn views."""
-    import ipywidgets as widgets
-
-    stack = widgets.Stack([widgets.HTML(v) for v in views], selected_index=start)
-    slider = widgets.SelectionSlider(options=[(label, i) for i, label in enumerate(labels)], index=start,
-                                     description=description, continuous_update=True,
-                                     style={"description_width": "initial"},
-                                     layout=widgets.Layout(width="420px"))
-    play = widgets.Play(value=start, min=0, max=len(views) - 1, step=1, interval=interval,
-                        description="play", layout=widgets.Layout(width="auto"))
-    links = [widgets.jslink((slider, "index"), (stack, "selected_index")),
-             widgets.jslink((play, "value"), (slider, "index"))]
-    return play, slider, stack, links
 
 
 def context_cost_widget(model_or_config, lengths: Sequence[int] | None = None, *,
@@ -295,20 +229,20 @@ def context_cost_widget(model_or_config, lengths: Sequence[int] | None = None, *
     """
     import ipywidgets as widgets
 
-    config = _config_of(model_or_config)
+    config = config_of(model_or_config)
     model = None if isinstance(model_or_config, Config) else model_or_config
     if points is None:
         if lengths is None:
             raise ValueError("give lengths (context lengths to put on the slider) or points")
         points = context_cost_data(model_or_config, lengths, repeats=repeats, progress=progress)
     points = list(points)
-    _check_lengths([p.context_len for p in points], config.max_seq_len)
+    check_lengths([p.context_len for p in points], config.max_seq_len)
     max_flops = max(p.uncached.total for p in points)
     views = [render_context_view(p, max_flops=max_flops, repeats=repeats) for p in points]
     labels = [f"{p.context_len:,} tokens" for p in points]
     if not 0 <= start < len(points):
         raise ValueError(f"start must index a position 0..{len(points) - 1}, got {start}")
-    play, slider, stack, links = _slider_stack(labels, views, "context length", start, interval)
+    play, slider, stack, links = slider_stack(labels, views, "context length", start, interval)
     rows = [widgets.HBox([play, slider])]
     if model is not None:
         live, out = _live_measurement(model, points, slider, repeats)
@@ -317,9 +251,9 @@ def context_cost_widget(model_or_config, lengths: Sequence[int] | None = None, *
         rows.append(out)
     else:
         rows.append(stack)
-    box = _vbox(rows, f"context_cost_widget({len(points)} context lengths, "
-                      f"{points[0].context_len}..{points[-1].context_len} tokens)")
-    box._links, box.stack, box.slider, box.play = links, stack, slider, play
+    box = widget_box(rows, f"context_cost_widget({len(points)} context lengths, "
+                           f"{points[0].context_len}..{points[-1].context_len} tokens)", links)
+    box.stack, box.slider, box.play = stack, slider, play
     return box
 
 
@@ -352,137 +286,3 @@ def _live_measurement(model, points: Sequence[ContextPoint], slider, repeats: in
     return widgets.HBox([toggle, note]), out
 
 
-# =======================================================================================
-# Widget 2: the total arithmetic of generating n tokens
-# =======================================================================================
-
-@dataclass(frozen=True)
-class TotalPoint:
-    """Total FLOPs of generating ``n_tokens`` tokens (after ``prompt_len`` prompt tokens) with
-    the cache, without it (logits at the last position only, as :func:`kvlib.generate`
-    computes them) and without it computing logits at every position (a plain forward pass),
-    plus the running totals at a few steps along the way (for the picture)."""
-
-    n_tokens: int
-    prompt_len: int
-    cached: int
-    uncached: int
-    uncached_all_logits: int
-    curve_steps: tuple[int, ...]
-    curve_cached: tuple[int, ...]
-    curve_uncached: tuple[int, ...]
-
-    @property
-    def ratio(self) -> float:
-        return self.uncached / self.cached
-
-    @property
-    def ratio_all_logits(self) -> float:
-        return self.uncached_all_logits / self.cached
-
-
-def total_arithmetic_data(config: Config, lengths: Sequence[int], *, prompt_len: int = 1,
-                          samples: int = 48) -> list[TotalPoint]:
-    """Totals for generating each of ``lengths`` tokens both ways, from :mod:`kvlib.flops`.
-
-    With the default one-token prompt, generating ``n`` tokens runs steps at contexts
-    ``1 .. n``. ``samples`` running totals per point are kept for drawing.
-    """
-    config = _config_of(config)
-    lengths = _check_lengths(lengths)
-    n_max = lengths[-1]
-
-    def running(use_cache, last_only=True):
-        total, out = 0, [0]
-        for s in generation_step_flops(config, prompt_len, n_max, use_cache=use_cache, last_only=last_only):
-            total += s.total
-            out.append(total)
-        return out            # out[k]: total of the first k steps
-
-    cum_cached, cum_uncached, cum_all = running(True), running(False), running(False, last_only=False)
-    points = []
-    for n in lengths:
-        ks = sorted({max(1, round(n * i / samples)) for i in range(samples + 1)} | {n})
-        points.append(TotalPoint(
-            n_tokens=n, prompt_len=prompt_len, cached=cum_cached[n], uncached=cum_uncached[n],
-            uncached_all_logits=cum_all[n], curve_steps=tuple([0] + ks),
-            curve_cached=tuple([0] + [cum_cached[k] for k in ks]),
-            curve_uncached=tuple([0] + [cum_uncached[k] for k in ks])))
-    return points
-
-
-def _curves_svg(point: TotalPoint, width: int = 470, height: int = 210) -> str:
-    """Running total of FLOPs against tokens generated: re-adding the list (uncached) versus
-    the running total (cached)."""
-    left, right, top, bottom = 64, 120, 12, 36
-    w, h = width - left - right, height - top - bottom
-    x_max, y_max = max(point.n_tokens, 1), max(point.uncached, 1)
-
-    def xy(k, v):
-        return left + w * k / x_max, top + h * (1 - v / y_max)
-
-    def line(values, colour):
-        pts = " ".join("{:.1f},{:.1f}".format(*xy(k, v)) for k, v in zip(point.curve_steps, values))
-        return f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2.5"/>'
-
-    xe, ye_un = xy(point.n_tokens, point.uncached)
-    _, ye_ca = xy(point.n_tokens, point.cached)
-    ye_ca = min(max(ye_ca, ye_un + 14), top + h - 2)      # keep the two labels apart
-    return "".join([
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" role="img" '
-        f'aria-label="running total of FLOPs over {point.n_tokens} generated tokens">',
-        f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="white" stroke="#888"/>',
-        line(point.curve_uncached, UNCACHED), line(point.curve_cached, CACHED),
-        f'<text x="{xe + 6:.1f}" y="{ye_un + 4:.1f}" font-size="11" fill="{UNCACHED}">without the cache</text>',
-        f'<text x="{xe + 6:.1f}" y="{ye_ca + 4:.1f}" font-size="11" fill="{CACHED}">'
-        f'with the cache</text>',
-        f'<text x="{left - 6}" y="{top + 9}" font-size="10" text-anchor="end">{fmt_flops(point.uncached)}</text>',
-        f'<text x="{left - 6}" y="{top + h}" font-size="10" text-anchor="end">0</text>',
-        f'<text x="{left}" y="{top + h + 14}" font-size="10" text-anchor="middle">0</text>',
-        f'<text x="{left + w}" y="{top + h + 14}" font-size="10" text-anchor="middle">{point.n_tokens:,}</text>',
-        f'<text x="{left + w / 2}" y="{top + h + 30}" font-size="11" text-anchor="middle">tokens generated</text>',
-        f'<text x="14" y="{top + h / 2}" font-size="11" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + h / 2})">FLOPs so far</text>',
-        "</svg>"])
-
-
-def render_total_view(point: TotalPoint, *, shapes: str = "") -> str:
-    """The static view of one position of the total-arithmetic slider: running totals drawn
-    both ways, and a table of the totals and their ratios."""
-    n = point.n_tokens
-    rows = [
-        ["with the cache (the running total)", fmt_flops(point.cached), "1×"],
-        ["without, logits at the last position only (as <code>kvlib.generate</code>)",
-         fmt_flops(point.uncached), f"<b>{point.ratio:,.1f}×</b>"],
-        ["without, logits at every position (a plain forward pass)", fmt_flops(point.uncached_all_logits),
-         f"{point.ratio_all_logits:,.1f}×"],
-    ]
-    table = _table(rows, ["", "total FLOPs", "× the cached work"])
-    prompt = "a one-token prompt" if point.prompt_len == 1 else f"a {point.prompt_len:,}-token prompt"
-    on = f" for {html.escape(shapes)}" if shapes else ""
-    heading = (f'<div style="font-weight:bold;margin:2px 0 4px">Generating {n:,} tokens after {prompt}'
-               f'{on}</div>')
-    return (f'<div style="font-family:sans-serif;font-size:12px;line-height:1.3">{heading}'
-            f'{_curves_svg(point)}{table}</div>')
-
-
-def total_arithmetic_widget(config: Config, lengths: Sequence[int] = tuple(2 ** k for k in range(12)), *,
-                            prompt_len: int = 1, shapes: str = "", start: int | None = None,
-                            interval: int = 1000):
-    """A slider over the number of tokens generated showing the total arithmetic both ways
-    and the ratio, from the closed form (nothing is measured, so the page shows exactly
-    what a kernel would). Returns an ``ipywidgets.VBox``."""
-    points = total_arithmetic_data(config, lengths, prompt_len=prompt_len)
-    views = [render_total_view(p, shapes=shapes) for p in points]
-    labels = [f"{p.n_tokens:,} tokens" for p in points]
-    start = len(points) - 1 if start is None else start
-    if not 0 <= start < len(points):
-        raise ValueError(f"start must index a position 0..{len(points) - 1}, got {start}")
-    play, slider, stack, links = _slider_stack(labels, views, "tokens generated", start, interval)
-    import ipywidgets as widgets
-
-    box = _vbox([widgets.HBox([play, slider]), stack],
-                f"total_arithmetic_widget({len(points)} lengths, {points[0].n_tokens}..{points[-1].n_tokens} tokens)")
-    box._links, box.stack, box.slider, box.play = links, stack, slider, play
-    return box

@@ -9,9 +9,8 @@ number is off by at most half its vector's scale.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from .cache import KVCache, LayerKVCache
+from .base import KVCache, LayerCache, LayerKVCache
 
 __all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache", "HalfLayerKVCache", "HalfKVCache"]
 
@@ -34,23 +33,21 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
     return q.to(dtype) * scale.to(dtype)
 
 
-class Int8LayerKVCache(nn.Module):
+class Int8LayerKVCache(LayerKVCache):
     """Keys and values of one layer as int8 ``(batch, kv_heads, max_len, head_dim)``, plus one
     scale per stored vector ``(batch, kv_heads, max_len, 1)``.
 
-    Same contract as :class:`kvlib.LayerKVCache`; ``update`` returns dequantized copies (in
-    ``dtype``) of everything stored so far, the new tokens included.
+    Keeps the :class:`~kvlib.cache.LayerCache` contract; ``update`` returns dequantized copies
+    (in ``out_dtype``) of everything stored so far, the new tokens included.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str | None,
+                 out_dtype: torch.dtype, device: torch.device | str | None,
                  scale_dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.out_dtype = dtype
-        shape, scale_shape = (batch, n_kv_heads, max_len, head_dim), (batch, n_kv_heads, max_len, 1)
-        for name in ("k", "v"):
-            self.register_buffer(name, torch.zeros(shape, dtype=torch.int8, device=device), persistent=False)
-            self.register_buffer(f"{name}_scale", torch.zeros(scale_shape, dtype=scale_dtype, device=device),
+        super().__init__(batch, n_kv_heads, max_len, head_dim, torch.int8, device)
+        self.out_dtype = out_dtype
+        for name in ("k_scale", "v_scale"):
+            self.register_buffer(name, torch.zeros(batch, n_kv_heads, max_len, 1, dtype=scale_dtype, device=device),
                                  persistent=False)
 
     def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,50 +59,27 @@ class Int8LayerKVCache(nn.Module):
         return (dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end], self.out_dtype),
                 dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.out_dtype))
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
-
 
 class Int8KVCache(KVCache):
     """A KV cache that stores keys and values as int8 with per-token scales and hands them
     back dequantized to ``dtype`` (the model's dtype, float32 by default).
 
     A drop-in for :class:`kvlib.KVCache` (``kvlib.generate(..., cache=Int8KVCache.for_model(model))``);
-    ``dtype`` reports the dtype it returns, ``nbytes`` counts the int8 numbers and the scales.
+    ``nbytes`` counts the int8 numbers and the scales.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  scale_dtype: torch.dtype = torch.float32) -> None:
-        nn.Module.__init__(self)
-        for name, value in dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads,
-                                max_len=max_len, head_dim=head_dim).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"Int8KVCache: {name} must be a positive int, got {value!r}")
-        if not dtype.is_floating_point:
-            raise ValueError(f"Int8KVCache: dtype is the floating-point dtype it hands back, got {dtype}")
-        self.batch, self.max_len, self._dtype = batch, max_len, dtype
-        self.layers = nn.ModuleList(
-            Int8LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, scale_dtype)
-            for _ in range(n_layers))
-        self.pos = 0
+        self.scale_dtype = scale_dtype
+        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype, device)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype keys and values are handed back in (what the model computes in)."""
-        return self._dtype
+    def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                   dtype: torch.dtype, device: torch.device | str | None) -> LayerCache:
+        return Int8LayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, self.scale_dtype)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the int8 buffers and their scales (allocated, not just used)."""
-        return sum(layer.nbytes for layer in self.layers)
-
-    def __repr__(self) -> str:
-        k = self.layers[0].k
-        return (f"Int8KVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, stored as int8 "
-                f"+ {self.layers[0].k_scale.dtype} scales, returns {self.dtype}, pos={self.pos}, "
-                f"{self.nbytes / 2**20:.2f} MiB)")
+    def extra_repr_fields(self) -> str:
+        return f"{self.scale_dtype} scales"
 
 
 # =======================================================================================
@@ -132,7 +106,7 @@ class HalfKVCache(KVCache):
     ``torch.float16``) for a model that computes in ``dtype`` (float32 by default).
 
     A drop-in for :class:`kvlib.KVCache` beside a float32 model: half the bytes, each number
-    rounded once to 16 bits. ``dtype`` reports the dtype it hands back.
+    rounded once to 16 bits.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
@@ -140,19 +114,9 @@ class HalfKVCache(KVCache):
                  storage: torch.dtype = torch.bfloat16) -> None:
         if storage not in (torch.float16, torch.bfloat16):
             raise ValueError(f"HalfKVCache: storage must be torch.float16 or torch.bfloat16, got {storage}")
-        self.storage, self._dtype = storage, dtype
-        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.storage = storage
+        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype, device)
 
     def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
-                   dtype: torch.dtype, device: torch.device | str | None) -> nn.Module:
+                   dtype: torch.dtype, device: torch.device | str | None) -> LayerCache:
         return HalfLayerKVCache(batch, n_kv_heads, max_len, head_dim, self.storage, dtype, device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype keys and values are handed back in (what the model computes in)."""
-        return self._dtype
-
-    def __repr__(self) -> str:
-        k = self.layers[0].k
-        return (f"HalfKVCache(layers={len(self.layers)}, shape per buffer={tuple(k.shape)}, stored as "
-                f"{self.storage}, returns {self.dtype}, pos={self.pos}, {self.nbytes / 2**20:.2f} MiB)")

@@ -1,0 +1,68 @@
+"""What the machine can do: memory bandwidth, dense arithmetic, and how fast its matrix
+kernels read a model's weights (the weight-read floor); and a description of the machine
+to print beside any measurement."""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .timing import median_seconds
+
+__all__ = ["memory_bandwidth", "matmul_flops_per_second", "weight_read_floor", "machine_description"]
+
+
+def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second this machine reads from memory: median time to sum a buffer larger than any cache."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    return nbytes / median_seconds(x.sum, repeats=repeats, warmup=1)
+
+
+def matmul_flops_per_second(n: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Floating-point operations per second of one dense ``(n, n) @ (n, n)`` product on this
+    machine, with the current thread count: the arithmetic a compute-bound step can hope for.
+
+    The median of ``repeats`` timed products after a warm-up; ``2 n³`` FLOPs each.
+    """
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, repeats=repeats, warmup=1)
+
+
+def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
+    """Seconds to run every weight matrix of ``model`` once as a matrix-vector product, back to back.
+
+    The same ``F.linear`` kernels a decode step uses, on one vector of the right width, with
+    nothing in between: no decode step with these kernels can be faster than this.
+    """
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] + [model.embed.weight]
+    x = {w.shape[1]: torch.randn(1, 1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+    def read_every_weight() -> None:
+        with torch.no_grad():
+            for w in weights:
+                F.linear(x[w.shape[1]], w)
+
+    return median_seconds(read_every_weight, repeats=repeats, warmup=1)
+
+
+def machine_description() -> dict:
+    """What the numbers were measured on."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    # the widest vector instructions the CPU offers: they decide which matrix kernels run
+    vector = next((name for flag, name in [("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
+                                           ("sse4_2", "SSE4.2"), ("asimd", "NEON")] if flag in flags), "unknown")
+    return {"cpu": cpu, "vector_extensions": vector, "logical_cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "os": platform.platform()}

@@ -1,0 +1,66 @@
+"""Measuring time, and printing measured figures in forms the notebook tests recognise.
+
+Measured times are printed through :func:`fmt_seconds` and :func:`fmt_ratio`, and other
+machine-dependent figures through :func:`fmt_approx`, so the notebook tests (nbval, with
+``tests/nbval_sanitize.cfg``) can replace them while comparing everything else exactly.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from ..clock import Stopwatch, sync
+
+__all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "sync", "Stopwatch", "time_call",
+           "median_seconds"]
+
+
+def fmt_seconds(seconds: float) -> str:
+    """``0.0123 -> '12.3 ms'``, ``2.5 -> '2.50 s'`` (a difference of times may be negative: ``'-1.2 ms'``)."""
+    sign, seconds = ("-" if seconds < 0 else ""), abs(seconds)
+    if seconds < 1e-3:
+        return f"{sign}{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{sign}{seconds * 1e3:.1f} ms"
+    return f"{sign}{seconds:.2f} s"
+
+
+def fmt_ratio(ratio: float, word: str = "faster") -> str:
+    """A ratio of two measured times, e.g. ``'8.7× faster'``."""
+    return f"{ratio:.1f}× {word}"
+
+
+def fmt_approx(value: float, spec: str = ".1e") -> str:
+    """A figure that depends on the machine, e.g. ``'≈ 8.3e-07'``: a rounding difference, a
+    quality measure computed through rounded arithmetic, a fitted exponent.
+
+    Such a figure differs between CPUs, BLAS kernels and thread counts, so the notebook
+    tests (``tests/nbval_sanitize.cfg``) replace the pattern ``≈ <number>`` before comparing.
+    Print it beside a fact that holds with margin on every machine (``below 1e-5: True``),
+    which nbval does compare. ``spec`` is the format of the number (``".3f"``, ``".1%"``, ...).
+    """
+    return f"≈ {value:{spec}}"
+
+
+def fmt_exponent(exponent: float) -> str:
+    """A growth exponent fitted to *measured* times, e.g. ``'measured exponent ≈ 1.43'``
+    (a :func:`fmt_approx` figure; exponents of counted FLOPs are exact and printed as plain
+    numbers)."""
+    return f"measured exponent {fmt_approx(exponent, '.2f')}"
+
+
+def time_call(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> list[float]:
+    """Run ``fn`` ``warmup`` times unmeasured, then ``repeats`` times; return each run's seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        with Stopwatch() as watch:
+            fn()
+        times.append(watch.seconds)
+    return times
+
+
+def median_seconds(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn`` (see :func:`time_call`)."""
+    return statistics.median(time_call(fn, repeats=repeats, warmup=warmup))

@@ -1,0 +1,208 @@
+"""kvlib's layout and the contracts between its parts: the import direction, no reaching into
+another module's private names, small modules, a quick side-effect-free ``import kvlib``,
+one argument-check module, one layer-cache contract, one forward pass."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kvlib
+from kvlib import Config, Decoder
+from kvlib.cache import (HalfKVCache, Int8KVCache, KVCache, LayerCache, SlidingWindowKVCache)
+from kvlib.checks import non_negative_int, optional_positive_int, positive_int
+
+ROOT = Path(__file__).resolve().parent.parent / "kvlib"
+MODULES = sorted(p for p in ROOT.rglob("*.py"))
+# The decoder a learner reads, and what it stands on: never imports measuring, widgets or exercises.
+LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
+          "clock.py", "cache"]
+APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(absolute module imported, names imported from it) for every import in the file."""
+    here = _module_name(path)
+    package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+    return found
+
+
+def test_lesson_code_never_imports_the_apparatus():
+    lesson = [p for p in MODULES if any(p.relative_to(ROOT).as_posix().startswith(x) for x in LESSON)]
+    assert len(lesson) >= 12
+    for path in lesson:
+        for module, _ in _imports(path):
+            assert not module.startswith(APPARATUS), f"{path.relative_to(ROOT)} imports {module}"
+
+
+def test_no_module_imports_a_private_name_of_another():
+    for path in MODULES:
+        for module, names in _imports(path):
+            if module.startswith("kvlib"):
+                private = [n for n in names if n.startswith("_")]
+                assert not private, f"{path.relative_to(ROOT)} imports {private} from {module}"
+
+
+def test_every_module_is_short():
+    for path in MODULES:
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_import_kvlib_is_quick_and_loads_nothing_heavy():
+    code = ("import sys, time; t = time.perf_counter(); import kvlib; dt = time.perf_counter() - t; "
+            "heavy = [m for m in ('gguf', 'tokenizers', 'ipywidgets', 'matplotlib', 'transformers', "
+            "'kvlib.measure', 'kvlib.widgets', 'kvlib.exercises', 'kvlib.smollm2') if m in sys.modules]; "
+            "print(heavy, dt)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT.parent).stdout.split("]")
+    assert out[0] == "[", f"import kvlib loaded {out[0]}]"
+    assert float(out[1]) < 5.0          # torch itself takes most of it
+
+
+def test_the_real_model_names_load_on_first_use():
+    assert kvlib.load_smollm2 is kvlib.smollm2.load_smollm2
+    assert kvlib.MODEL_SHAPES is kvlib.cache.MODEL_SHAPES
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        kvlib.nonsense
+
+
+# ------------------------------------------------------------------- the argument checks
+
+@pytest.mark.parametrize("bad", [0, -1, 1.0, 2.5, "3", None, True, False])
+def test_positive_int_rejects(bad):
+    with pytest.raises(ValueError, match=r"width must be a positive int, got"):
+        positive_int("width", bad)
+
+
+def test_checks_accept_integers_and_return_plain_ints():
+    assert positive_int("n", np.int64(3)) == 3 and type(positive_int("n", np.int64(3))) is int
+    assert non_negative_int("n", 0) == 0 and optional_positive_int("n", None) is None
+    with pytest.raises(ValueError, match="non-negative"):
+        non_negative_int("n", -1)
+
+
+@pytest.mark.parametrize("field", ["n_layers", "vocab_size", "max_seq_len"])
+def test_config_rejects_a_bool_as_a_count(field):
+    with pytest.raises(ValueError, match=f"Config.{field} must be a positive int, got True"):
+        Config(**{field: True})
+
+
+def test_config_stores_plain_ints():
+    c = Config(n_layers=np.int64(3))
+    assert type(c.n_layers) is int and c == Config(n_layers=3) and hash(c) == hash(Config(n_layers=3))
+
+
+# ------------------------------------------------------------------- the layer-cache contract
+
+@pytest.mark.parametrize("make", [lambda m: KVCache.for_model(m, max_len=8),
+                                  lambda m: SlidingWindowKVCache.for_model(m, window=4),
+                                  lambda m: Int8KVCache.for_model(m, max_len=8),
+                                  lambda m: HalfKVCache.for_model(m, max_len=8, storage=torch.float16)])
+def test_every_cache_keeps_the_layer_contract(make):
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    cache = make(model)
+    assert cache.dtype == model.dtype and len(cache.layers) == model.config.n_layers
+    for layer in cache.layers:
+        assert isinstance(layer, LayerCache)
+        assert layer.window in (None, getattr(cache, "window", None))
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        model(ids, cache)
+    assert cache.pos == 3 and cache.device == model.device and cache.nbytes > 0
+    assert repr(cache).startswith(type(cache).__name__ + "(layers=2")
+
+
+def test_one_validation_for_every_cache():
+    for cls, args in [(KVCache, (2, 1, 2, 0, 8)), (SlidingWindowKVCache, (2, 1, 2, 0, 8)),
+                      (Int8KVCache, (2, 1, 2, 0, 8)), (HalfKVCache, (2, 1, 2, 0, 8))]:
+        field = "window" if cls is SlidingWindowKVCache else "max_len"
+        with pytest.raises(ValueError, match=f"{cls.__name__}: {field} must be a positive int"):
+            cls(*args)
+    with pytest.raises(ValueError, match="batch must be a positive int, got True"):
+        KVCache(2, True, 2, 4, 8)
+
+
+def test_truncate_rewinds_without_touching_pos_directly():
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    cache = KVCache.for_model(model, max_len=8)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4]]), cache)
+        first = model(torch.tensor([[5]]), cache)
+        cache.truncate(4)
+        again = model(torch.tensor([[5]]), cache)
+    assert cache.pos == 5 and torch.equal(first, again)
+    with pytest.raises(ValueError, match="holds only 5"):
+        cache.truncate(6)
+
+
+# ------------------------------------------------------------------- one forward pass
+
+def test_forward_is_check_then_run_then_advance():
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    cache = KVCache.for_model(model, max_len=8)
+    with torch.no_grad():
+        ran = model.run(ids, 0, cache)
+        assert cache.pos == 0                       # run does not move the cache on
+        assert torch.equal(model(ids), ran)
+    with pytest.raises(ValueError, match="vocabulary"):
+        model.check_input(torch.tensor([[64]]))
+
+
+def test_the_compiled_step_runs_the_models_own_forward_pass(monkeypatch):
+    """The compiled path traces ``Decoder.run`` itself, so a change there reaches it."""
+    from kvlib import compiled
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)        # no compiler: run the traced function
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    calls = []
+    original = Decoder.run
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs.get("last_only"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, "run", spy)
+    cache = KVCache.for_model(model, max_len=8)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2]]), cache)
+        logits = compiled.CompiledDecodeStep(model)(torch.tensor([[3]]), cache)
+    assert calls == [False, True] and logits.shape == (1, 1, model.config.vocab_size) and cache.pos == 3
+
+
+def test_rope_takes_one_offset_per_row():
+    """Rows at different positions rotate as if each were alone: the per-row offsets the
+    batching section passes through the same signature."""
+    rope = kvlib.rope.RotaryEmbedding(8, 32, 10_000.0)
+    x = torch.randn(3, 2, 4, 8, generator=torch.Generator().manual_seed(0))     # (batch, heads, seq, head_dim)
+    offsets = torch.tensor([0, 5, 11])
+    together = rope(x, offsets)
+    for row, offset in enumerate(offsets.tolist()):
+        torch.testing.assert_close(together[row:row + 1], rope(x[row:row + 1], offset), rtol=0, atol=0)
