@@ -5,6 +5,7 @@ The decoder a learner reads sits at the top, one idea per file: :mod:`.config`,
 optional compiled step). Each other subject has a folder of its own:
 
 - :mod:`kvlib.cache`: the KV caches and the memory they take;
+- :mod:`kvlib.serve`: many sequences at once: batched generation, static and continuous batching;
 - :mod:`kvlib.smollm2`: the real model, SmolLM2-135M-Instruct, read from its GGUF file;
 - :mod:`kvlib.measure`: time, arithmetic, memory and quality measurements, the benchmark;
 - :mod:`kvlib.widgets`: the notebooks' widgets and plots;
@@ -25,6 +26,7 @@ from .cache import HalfKVCache, Int8KVCache, KVCache, LayerKVCache, SlidingWindo
 from .config import Config
 from .generate import Generation, StepRecord, generate, sample
 from .model import Decoder
+from .serve import generate_batch
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from .cache import MODEL_SHAPES
@@ -39,7 +41,8 @@ _LAZY = {
     "MODEL_SHAPES": "cache",
 }
 
-__all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "sample", "Generation", "StepRecord",
+__all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "generate_batch", "sample", "Generation",
+           "StepRecord",
            "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path",
            "SlidingWindowKVCache", "Int8KVCache", "HalfKVCache", "kv_cache_bytes", "MODEL_SHAPES"]
 __version__ = "0.1.0"

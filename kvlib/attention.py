@@ -62,6 +62,34 @@ def banded_mask(q_len: int, k_len: int, window: int, device: torch.device | str 
     return band
 
 
+def rotation_positions(slots: torch.Tensor, left_pad: torch.Tensor | None) -> torch.Tensor:
+    """The position RoPE gives each row's first new token: its slot, less the padding before
+    the row's first real token. Padding must not count: a token's position is how many real
+    tokens come before it, whatever the batch around it."""
+    return slots if left_pad is None else slots - left_pad
+
+
+def row_mask(slots: torch.Tensor, q_len: int, k_len: int, left_pad: torch.Tensor | None = None,
+             window: int | None = None) -> torch.Tensor:
+    """The attention mask of a batch whose rows sit at different slots: ``(batch, 1, q_len, k_len)``.
+
+    Row ``b``'s queries go to slots ``slots[b], slots[b] + 1, ...``; query ``i`` may see key
+    slot ``j`` when ``j`` is at or before its own slot (causal, per row), not one of the
+    row's ``left_pad[b]`` padding slots, and (with ``window``) one of the last ``window``
+    slots. A padding query would then see no key at all, and a softmax over nothing but
+    ``-inf`` is NaN; so each query may always see its own slot. Its output is thrown away.
+    """
+    key = torch.arange(k_len, device=slots.device)                                    # (k_len,)
+    query = slots[:, None] + torch.arange(q_len, device=slots.device)                  # (batch, q_len)
+    allowed = key <= query[..., None]                                                  # (batch, q_len, k_len)
+    if left_pad is not None:
+        allowed &= key >= left_pad[:, None, None]
+    if window is not None:
+        allowed &= key > query[..., None] - window
+    allowed |= key == query[..., None]
+    return allowed[:, None]
+
+
 class Attention(nn.Module):
     """Multi-head attention with ``n_kv_heads`` key/value heads (grouped-query attention)."""
 
@@ -74,9 +102,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor = 0,
-                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
-        """``x`` is ``(batch, seq, d_model)`` holding positions ``offset .. offset+seq-1``
-        (``offset``: an int, or one per row as a ``(batch,)`` tensor, for the rotation).
+                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0,
+                left_pad: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` is ``(batch, seq, d_model)``, the tokens that go to slots ``offset .. offset+seq-1``
+        of the cache (the positions, without a cache).
+
+        ``offset`` is an int for the whole batch, or a ``(batch,)`` tensor of one slot per row
+        (rows of a batch at different lengths). ``left_pad`` (``(batch,)``, optional) says how
+        many slots at the start of each row hold padding: those keys are masked, and the
+        rotation counts positions from the first real token, ``slot - left_pad``.
 
         ``window``, or the ``window`` of the layer's cache (:class:`kvlib.cache.LayerCache`;
         a :class:`kvlib.cache.SlidingWindowKVCache` has one), restricts each query to the last
@@ -88,11 +122,21 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rope(q, offset), rope(k, offset)
+        per_row = isinstance(offset, torch.Tensor) or left_pad is not None
+        if per_row:
+            slots = torch.as_tensor(offset, device=x.device).expand(b)                # (batch,) first slot of x
+            positions = rotation_positions(slots, left_pad)                           # what RoPE rotates by
+        else:
+            positions = offset
+        q, k = rope(q, positions), rope(k, positions)
         if cache is not None:
             k, v = cache.update(offset, k, v)      # all keys/values so far: (batch, kv_heads, offset+seq, head_dim)
             if cache.window is not None:
                 window = cache.window
+        if per_row:
+            mask = row_mask(slots, t, k.shape[2], left_pad, window)                   # (batch, 1, seq, k_len)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            return self.wo(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
         k_len = k.shape[2]
         if t == 1 and (window is None or k_len <= window):
             # One new token sees every stored key, so no mask is needed, and grouped-query

@@ -39,7 +39,8 @@ class Generation:
         return sum(r.seconds for r in self.records)
 
 
-def _check_sampling(temperature: float, top_k: int | None) -> None:
+def check_sampling(temperature: float, top_k: int | None) -> None:
+    """A ``ValueError`` unless ``temperature >= 0`` and ``top_k`` is ``None`` or a positive int."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     optional_positive_int("top_k", top_k)
@@ -55,7 +56,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     repeatable). Nothing else is read or changed: the same inputs and generator state give
     the same tokens.
     """
-    _check_sampling(temperature, top_k)
+    check_sampling(temperature, top_k)
     if temperature == 0.0:
         return logits.argmax(dim=-1)
     scaled = logits.float() / temperature
@@ -125,7 +126,7 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     faster per step once compiled (the first call compiles, which takes a while).
     """
     non_negative_int("max_new_tokens", max_new_tokens)
-    _check_sampling(temperature, top_k)
+    check_sampling(temperature, top_k)
     cfg = model.config
     device = next(model.parameters()).device
     ids = _as_prompt(prompt_ids, cfg.vocab_size, device)

@@ -56,8 +56,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor,
-                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window, sinks)
+                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0,
+                left_pad: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window, sinks, left_pad)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -88,7 +89,8 @@ class Decoder(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=1.5 / math.sqrt(module.in_features))
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *,
-                last_only: bool = False, window: int | None = None, sinks: int = 0) -> torch.Tensor:
+                last_only: bool = False, window: int | None = None, sinks: int = 0,
+                left_pad: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for every position of ``ids``, or only the last one with ``last_only=True``
         (what generation needs: ``(batch, 1, vocab)``).
 
@@ -97,41 +99,45 @@ class Decoder(nn.Module):
         attention (each token sees the last ``W`` tokens, itself included) without a cache; a
         :class:`kvlib.cache.SlidingWindowKVCache` brings its own window. ``sinks=S`` (with
         ``window``, without a cache) lets every token also see the first ``S`` tokens:
-        StreamingLLM's attention sinks.
+        StreamingLLM's attention sinks. ``left_pad`` (a ``(batch,)`` tensor) says how many
+        tokens at the start of each row are padding: they are masked, and each row's
+        positions count from its first real token (a batch of prompts of different lengths).
 
         This is :meth:`check_input`, then :meth:`run`, then ``cache.advance``.
         """
         if sinks and (window is None or cache is not None):
             raise ValueError(f"sinks={sinks!r} keeps the first tokens visible beside a sliding window: give "
                              "window=W too, and run the whole sequence without a cache (model(ids, window=W, sinks=S))")
-        self.check_input(ids, cache)
+        self.check_input(ids, cache, left_pad)
         logits = self.run(ids, 0 if cache is None else cache.pos, cache, last_only=last_only, window=window,
-                          sinks=sinks)
+                          sinks=sinks, left_pad=left_pad)
         if cache is not None:
             cache.advance(ids.shape[1])
         return logits
 
     def run(self, ids: torch.Tensor, offset: int | torch.Tensor = 0, cache: KVCache | None = None, *,
-            last_only: bool = False, window: int | None = None, sinks: int = 0) -> torch.Tensor:
+            last_only: bool = False, window: int | None = None, sinks: int = 0,
+            left_pad: torch.Tensor | None = None) -> torch.Tensor:
         """The forward pass itself: ``ids`` ``(batch, seq)`` at positions ``offset, offset + 1, ...``
         to logits, writing their keys and values into ``cache`` when one is given.
 
         It checks nothing and does not move the cache on (:meth:`forward` does both), so it
         is the function to trace: :mod:`kvlib.compiled` compiles exactly this, and a change
-        here reaches the compiled path too. ``offset`` may hold one position per row,
-        ``(batch,)`` (for the rotation).
+        here reaches the compiled path too. ``offset`` may hold one slot per row, ``(batch,)``:
+        each row's tokens are written at its own slot, and attend causally within its row.
         """
         x = self.embed(ids)                                        # (batch, seq, d_model)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks)
+            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks, left_pad)
         if last_only:
             x = x[:, -1:]
         return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
 
-    def check_input(self, ids: torch.Tensor, cache: KVCache | None = None) -> None:
-        """Raise a clear ``TypeError``/``ValueError`` if ``ids`` (and ``cache``) cannot go through
-        this model: wrong type, shape or dtype, ids outside the vocabulary, too long a sequence,
-        or a cache of another shape, dtype or size."""
+    def check_input(self, ids: torch.Tensor, cache: KVCache | None = None,
+                    left_pad: torch.Tensor | None = None) -> None:
+        """Raise a clear ``TypeError``/``ValueError`` if ``ids`` (and ``cache``, ``left_pad``) cannot
+        go through this model: wrong type, shape or dtype, ids outside the vocabulary, too long a
+        sequence, a cache of another shape, dtype or size, or padding longer than a row."""
         cfg = self.config
         if not isinstance(ids, torch.Tensor):
             raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
@@ -146,7 +152,7 @@ class Decoder(nn.Module):
         if lo < 0 or hi >= cfg.vocab_size:
             raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1} (the vocabulary), "
                              f"got values from {lo} to {hi}")
-        start = 0 if cache is None else cache.pos
+        start = 0 if cache is None else int(torch.as_tensor(cache.pos).max())
         if start + ids.shape[1] > cfg.max_seq_len:
             raise ValueError(f"sequence too long: positions {start}..{start + ids.shape[1] - 1} but the model "
                              f"supports max_seq_len={cfg.max_seq_len}")
@@ -160,6 +166,14 @@ class Decoder(nn.Module):
             if len(cache.layers) != cfg.n_layers:
                 raise ValueError(f"cache has {len(cache.layers)} layers, the model {cfg.n_layers}")
             cache.check_room(ids.shape[1])
+        if left_pad is not None:
+            if not isinstance(left_pad, torch.Tensor) or left_pad.shape != (ids.shape[0],) or left_pad.is_floating_point():
+                raise ValueError(f"left_pad must be an integer tensor of shape ({ids.shape[0]},): one count per row, "
+                                 f"got {left_pad!r}")
+            if int(left_pad.min()) < 0 or int(left_pad.max()) >= start + ids.shape[1]:
+                raise ValueError(f"left_pad counts padding tokens at the start of each row: each must lie in "
+                                 f"0..{start + ids.shape[1] - 1} (a row needs at least one real token), got "
+                                 f"{left_pad.tolist()}")
 
     @property
     def device(self) -> torch.device:

@@ -34,6 +34,7 @@ class RotaryEmbedding(nn.Module):
         seq = x.shape[-2]
         if isinstance(offset, torch.Tensor):
             positions = offset.to(self.cos.device)[:, None] + torch.arange(seq, device=self.cos.device)  # (batch, seq)
+            positions = positions.clamp(min=0)       # (a padding token, before its row's first position: any angle)
             cos = self.cos[positions][:, None].to(x.dtype)       # (batch, 1, seq, head_dim): broadcast over heads
             sin = self.sin[positions][:, None].to(x.dtype)
         else:

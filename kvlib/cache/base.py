@@ -12,6 +12,7 @@ the layer type, through :meth:`KVCache.make_layer`.
 """
 from __future__ import annotations
 
+import copy
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -47,15 +48,36 @@ class LayerKVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, pos: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` of shape ``(batch, kv_heads, seq, head_dim)`` at ``pos``; return all keys/values so far.
 
-        The returned tensors are views of the buffers (no copy): ``(batch, kv_heads, pos + seq, head_dim)``.
+        ``pos`` is one slot for the whole batch, or a ``(batch,)`` tensor of one slot per row
+        (rows of different lengths). The returned tensors are views of the buffers (no copy),
+        ``(batch, kv_heads, end, head_dim)`` where ``end`` is the furthest slot written, plus one.
         """
-        end = pos + k.shape[2]
-        self.k[:, :, pos:end] = k
-        self.v[:, :, pos:end] = v
+        t = k.shape[2]
+        if not isinstance(pos, torch.Tensor):
+            end = pos + t
+            self.k[:, :, pos:end] = k
+            self.v[:, :, pos:end] = v
+            return self.k[:, :, :end], self.v[:, :, :end]
+        if t == 1:                                    # one new token per row, each at its own slot
+            rows = torch.arange(k.shape[0], device=k.device)
+            self.k[rows, :, pos] = k[:, :, 0]         # (batch, kv_heads, head_dim) into (batch, ·, slot, ·)
+            self.v[rows, :, pos] = v[:, :, 0]
+        else:
+            for row, start in enumerate(pos.tolist()):
+                self.k[row, :, start:start + t] = k[row]
+                self.v[row, :, start:start + t] = v[row]
+        end = int(pos.max()) + t
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def rows(self, start: int, stop: int) -> "LayerKVCache":
+        """This layer's cache for rows ``start .. stop-1`` of the batch, in the same memory: what
+        is written through it lands in this cache (to fill one row of a batch on its own)."""
+        view = copy.copy(self)
+        view._buffers = {name: buf[start:stop] for name, buf in self._buffers.items()}
+        return view
 
     @property
     def nbytes(self) -> int:
@@ -102,6 +124,17 @@ class KVCache(nn.Module):
         p = next(model.parameters())
         return cls(n_layers=cfg.n_layers, batch=batch, n_kv_heads=cfg.n_kv_heads, max_len=max_len or cfg.max_seq_len,
                    head_dim=cfg.head_dim, dtype=p.dtype, device=p.device, **kwargs)
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """This cache for rows ``start .. stop-1`` of the batch, in the same memory: a smaller
+        cache whose writes land here. Its ``pos`` starts at this cache's and moves on its own."""
+        if not 0 <= start < stop <= self.batch:
+            raise ValueError(f"rows {start}..{stop - 1} are not rows of a batch of {self.batch}")
+        view = copy.copy(self)
+        view._modules = dict(self._modules)
+        view.layers = nn.ModuleList(layer.rows(start, stop) for layer in self.layers)
+        view.batch = stop - start
+        return view
 
     def check_room(self, n_new: int) -> None:
         """Raise a clear error if ``n_new`` more tokens would not fit."""
