@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "demo_prompt", "evaluation_text"]
+__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "CHAT_QUESTIONS", "demo_prompt", "evaluation_text"]
 
 # The real-model section's demo: five paragraphs of the course's article and a question
 # about them, a chat turn with a little context (a few hundred tokens with the template).
@@ -48,3 +48,20 @@ def evaluation_text() -> str:
 def demo_prompt(tokenizer) -> list[int]:
     """Token ids of the demo chat turn: :data:`DEMO_PASSAGE`, a blank line, :data:`DEMO_QUESTION`."""
     return tokenizer.encode_chat(DEMO_PASSAGE + "\n\n" + DEMO_QUESTION)
+
+
+# Short chat requests for the batching section: a stream a small assistant might serve.
+CHAT_QUESTIONS = (
+    "What is the capital of France?",
+    "Give me three tips for sleeping better.",
+    "Explain what a prime number is.",
+    "Write a haiku about autumn.",
+    "What is photosynthesis?",
+    "How do I boil an egg?",
+    "Name the planets of the solar system.",
+    "What does a compiler do?",
+    "Why is the sky blue?",
+    "Suggest a name for a grey cat.",
+    "What is the difference between weather and climate?",
+    "How many legs does a spider have?",
+)

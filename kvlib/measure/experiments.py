@@ -258,3 +258,53 @@ def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, 
                 tops[name].append(same.cpu())
     return {name: CacheQuality(name, torch.cat(kls[name]), torch.cat(tops[name]), built[name].nbytes)
             for name in caches}
+
+
+@dataclass
+class BatchPoint:
+    """Batched decoding at one batch size: the median one-token step, and the roofline's prediction."""
+
+    batch: int
+    step_seconds: float          # measured: median of the one-token steps (the prefill left out)
+    roofline_seconds: float      # predicted: max(weights ÷ bandwidth, batch × FLOPs per token ÷ FLOP/s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: new tokens over all rows per second."""
+        return self.batch / self.step_seconds
+
+    @property
+    def roofline_tokens_per_s(self) -> float:
+        return self.batch / self.roofline_seconds
+
+
+def roofline_seconds(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float) -> float:
+    """The roofline model's time for work of ``flops`` FLOPs that must read ``nbytes`` bytes:
+    whichever of arithmetic and memory takes longer (Williams, Waterman and Patterson, 2009)."""
+    return max(flops / flops_per_s, nbytes / bytes_per_s)
+
+
+def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_new: int, *,
+                     bandwidth: float, flops_per_s: float, progress: bool = True) -> list[BatchPoint]:
+    """Decode ``n_new`` tokens for ``b`` copies of ``prompt`` for each ``b`` of ``batch_sizes``
+    (one :func:`kvlib.generate_batch` each, after a short warm-up) and set the median
+    one-token step beside the roofline's prediction from this machine's measured
+    ``bandwidth`` (bytes/s) and dense ``flops_per_s``: every step reads every weight once,
+    and does ``b`` tokens' worth of arithmetic (:func:`kvlib.measure.flops.step_flops` at the
+    mean context of the run)."""
+    from ..serve import generate_batch
+    from .flops import step_flops
+
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_token = step_flops(model.config, len(prompt) + n_new // 2, 1).total
+    items = batch_sizes
+    if progress:
+        from tqdm.auto import tqdm
+        items = tqdm(batch_sizes, desc="batch sizes", unit="batch")
+    points = []
+    for b in items:
+        generate_batch(model, [list(prompt)] * b, 2)                          # warm-up at this shape
+        out = generate_batch(model, [list(prompt)] * b, n_new, return_records=True)
+        step = statistics.median(r.seconds for r in out.records[1:])
+        points.append(BatchPoint(b, step, roofline_seconds(b * per_token, weight_bytes, flops_per_s, bandwidth)))
+    return points
