@@ -76,6 +76,9 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+        # The output layer is the embedding, transposed (tied). Quantization may put a layer of
+        # its own here (kvlib.quant.quantize(..., output_layer=True)).
+        self.lm_head: nn.Module | None = None
         self.apply(self._init_weights)
 
     @staticmethod
@@ -131,6 +134,8 @@ class Decoder(nn.Module):
             x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks, left_pad)
         if last_only:
             x = x[:, -1:]
+        if self.lm_head is not None:
+            return self.lm_head(self.norm(x))
         return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
 
     def check_input(self, ids: torch.Tensor, cache: KVCache | None = None,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import non_negative_int, positive_int
 from .base import KVCache, LayerCache, LayerKVCache
 
-__all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache", "HalfLayerKVCache", "HalfKVCache"]
+__all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache", "HalfLayerKVCache", "HalfKVCache",
+           "KiviLayerKVCache", "KiviKVCache"]
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,3 +122,72 @@ class HalfKVCache(KVCache):
     def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str | None) -> LayerCache:
         return HalfLayerKVCache(batch, n_kv_heads, max_len, head_dim, self.storage, dtype, device)
+
+
+# =======================================================================================
+# KIVI: keys quantized per channel, values per token, the most recent tokens kept exact
+# =======================================================================================
+
+def _fake_quantize(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """``x`` rounded to ``bits``-bit asymmetric integers (min..max) along ``dim`` and back."""
+    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    steps = 2 ** bits - 1
+    scale = ((hi - lo) / steps).clamp(min=1e-8)
+    return torch.round((x - lo) / scale).clamp(0, steps) * scale + lo
+
+
+class KiviLayerKVCache(LayerKVCache):
+    """One layer of :class:`KiviKVCache`: stores exact keys and values and hands back what a
+    KIVI cache would hold, keys rounded per channel and values per token, except the last
+    ``recent`` positions, kept exact."""
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str | None, bits: int, recent: int) -> None:
+        super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, device)
+        self.bits, self.recent = bits, recent
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k_all, v_all = super().update(pos, k, v)                      # (batch, kv_heads, end, head_dim)
+        old = max(0, k_all.shape[2] - self.recent)                    # the positions stored rounded
+        if old == 0:
+            return k_all, v_all
+        keys = torch.cat([_fake_quantize(k_all[:, :, :old], self.bits, dim=2), k_all[:, :, old:]], dim=2)
+        values = torch.cat([_fake_quantize(v_all[:, :, :old], self.bits, dim=3), v_all[:, :, old:]], dim=2)
+        return keys, values
+
+
+class KiviKVCache(KVCache):
+    """A KV cache as KIVI stores it (Liu et al., 2024): keys quantized *per channel* (each
+    channel's range over the stored tokens: keys have a few channels of much larger values),
+    values *per token*, to ``bits`` bits, with the last ``recent`` tokens kept in full precision.
+
+    A simulation for measuring the error: it keeps exact copies and rounds what it hands back
+    (over all stored tokens at once; KIVI groups tokens, and rounds each group once). The
+    memory of the real format is ``bits`` per number plus a scale and a zero per channel (keys)
+    or per token (values), plus the exact window: :meth:`format_bytes` counts it.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 bits: int = 4, recent: int = 0) -> None:
+        self.bits, self.recent = positive_int("KiviKVCache: bits", bits), non_negative_int("KiviKVCache: recent", recent)
+        self.shape = (n_layers, batch, n_kv_heads, head_dim)
+        super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype, device)
+
+    def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                   dtype: torch.dtype, device: torch.device | str | None) -> LayerCache:
+        return KiviLayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, self.bits, self.recent)
+
+    def format_bytes(self, tokens: int, scale_bytes: int = 2) -> int:
+        """Bytes the format itself needs for ``tokens`` stored tokens: rounded numbers at ``bits``
+        bits, a scale and a zero per key channel and per value token, the exact window in 16 bits."""
+        n_layers, batch, heads, head_dim = self.shape
+        exact = min(tokens, self.recent)
+        rounded = tokens - exact
+        per_head = (2 * rounded * head_dim * self.bits / 8                  # keys and values
+                    + 2 * scale_bytes * (head_dim + rounded)                # key channels, value tokens
+                    + 2 * exact * head_dim * 2)                             # the window, 16-bit
+        return int(n_layers * batch * heads * per_head)
+
+    def extra_repr_fields(self) -> str:
+        return f"{self.bits}-bit keys per channel and values per token, last {self.recent} exact"

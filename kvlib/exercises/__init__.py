@@ -7,7 +7,7 @@ value or shape. A failure raises :class:`CheckFailed`, which Jupyter shows as th
 message instead of a long traceback.
 
 The checks live in one module per section, named after it (``one_token``, ``attention``,
-``kv_cache``, ``quadratic_vs_linear``, ``real_model``, ``price_of_memory``, ``batching``); they are looked
+``kv_cache``, ``quadratic_vs_linear``, ``real_model``, ``price_of_memory``, ``batching``, ``quantization``); they are looked
 up here lazily, so ``from kvlib.exercises import check_x`` works for all of them.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["Case", "CheckFailed", "run_check"]
 # Section modules that define check_* functions, in chapter order. A module that is not
 # there (yet) is skipped.
 _SECTION_MODULES = ("one_token", "attention", "kv_cache", "quadratic_vs_linear", "real_model", "price_of_memory",
-                    "batching")
+                    "batching", "quantization")
 
 
 def _section_modules():

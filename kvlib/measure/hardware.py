@@ -35,16 +35,20 @@ def matmul_flops_per_second(n: int = 1024, repeats: int = 5, dtype: torch.dtype 
 def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
     """Seconds to run every weight matrix of ``model`` once as a matrix-vector product, back to back.
 
-    The same ``F.linear`` kernels a decode step uses, on one vector of the right width, with
-    nothing in between: no decode step with these kernels can be faster than this.
+    Every linear layer (float or quantized) and the output layer, each called on one vector of
+    the right width in the model's dtype, with nothing in between: the same kernels a decode
+    step uses, so no decode step of ``model`` can be faster than this.
     """
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)] + [model.embed.weight]
-    x = {w.shape[1]: torch.randn(1, 1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    layers = [m for m in model.modules() if m is not model and hasattr(m, "in_features") and hasattr(m, "out_features")]
+    output = model.lm_head if getattr(model, "lm_head", None) is not None else (lambda x: F.linear(x, model.embed.weight))
+    dtype, device = model.embed.weight.dtype, model.embed.weight.device
+    inputs = {w: torch.randn(1, 1, w, dtype=dtype, device=device) for w in {m.in_features for m in layers} | {model.config.d_model}}
 
     def read_every_weight() -> None:
         with torch.no_grad():
-            for w in weights:
-                F.linear(x[w.shape[1]], w)
+            for layer in layers:
+                layer(inputs[layer.in_features])
+            output(inputs[model.config.d_model])
 
     return median_seconds(read_every_weight, repeats=repeats, warmup=1)
 

@@ -21,16 +21,23 @@ __all__ = ["load_smollm2", "smollm2_path", "ModelFileError", "Tokenizer", "open_
 
 
 def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, download: bool = True) -> tuple[Decoder, Tokenizer]:
+                 device: torch.device | str | None = None, download: bool = True,
+                 quantized: bool = False) -> tuple[Decoder, Tokenizer]:
     """Load SmolLM2-135M-Instruct: a :class:`kvlib.Decoder` in eval mode and its :class:`kvlib.Tokenizer`.
 
-    The weights come from the Q4_1 GGUF file found (or fetched once, if ``download``) by
-    :func:`kvlib.smollm2_path`; they are dequantized to float32, then cast to ``dtype``
-    and moved to ``device``. The file is parsed once for both model and tokenizer.
-    Raises :class:`kvlib.ModelFileError` if the file is missing or damaged.
+    The weights come from the GGUF file found (or fetched once, if ``download``) by
+    :func:`kvlib.smollm2_path`. By default they are dequantized to float32, then cast to
+    ``dtype`` and moved to ``device``. With ``quantized=True`` the file's 4-bit (Q4_1) layers
+    stay 4-bit (:func:`kvlib.quant.load_q4_1_decoder`) and the model computes in bfloat16;
+    ``dtype`` is then ignored. The file is parsed once for both model and tokenizer. Raises
+    :class:`kvlib.ModelFileError` if the file is missing or damaged.
     """
     file = smollm2_path(path, download=download)
     reader = open_gguf(file)
-    model = load_gguf_decoder(reader, path=file, dtype=dtype, device=device)
+    if quantized:
+        from ..quant.model import load_q4_1_decoder
+        model = load_q4_1_decoder(reader, file).to(device=device)
+    else:
+        model = load_gguf_decoder(reader, path=file, dtype=dtype, device=device)
     tokenizer = Tokenizer.from_gguf(reader, path=file)
     return model, tokenizer

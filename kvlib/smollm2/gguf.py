@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +206,25 @@ def expected_shapes(config: Config) -> dict[str, tuple[str, tuple[int, ...]]]:
     return shapes
 
 
-def read_state_dict(reader: GGUFReader, config: Config, path: str | os.PathLike = "(unnamed)") -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class RawTensor:
+    """A tensor of the file left in its stored blocks: its GGML type name (``"Q4_1"``), its raw
+    bytes (a read-only view of the file), its shape ``(out, in)``, and, for a query or key
+    weight, the number of heads whose rows :func:`unpermute` must put back in order."""
+
+    kind: str
+    data: np.ndarray
+    shape: tuple[int, int]
+    permuted_heads: int | None
+
+
+def read_state_dict(reader: GGUFReader, config: Config, path: str | os.PathLike = "(unnamed)", *,
+                    raw: frozenset[str] = frozenset()) -> dict[str, torch.Tensor | RawTensor]:
     """Every weight of the file as a float32 tensor under its kvlib name, checked for presence,
-    shape and finiteness, with ``attn_q`` and ``attn_k`` put back in rotate-half order (:func:`unpermute`)."""
+    shape and finiteness, with ``attn_q`` and ``attn_k`` put back in rotate-half order (:func:`unpermute`).
+
+    Tensors stored in one of the GGML types named in ``raw`` (e.g. ``{"Q4_1"}``) are not
+    decoded: they come back as :class:`RawTensor`, for a loader that keeps the blocks."""
     path = Path(path)
     wanted = expected_shapes(config)
     tensors = {t.name: t for t in reader.tensors}
@@ -227,6 +244,11 @@ def read_state_dict(reader: GGUFReader, config: Config, path: str | os.PathLike 
         if file_shape != shape:
             raise ModelFileError(f"Tensor {gguf_name!r} in {path} has shape {file_shape}, expected {shape} "
                                  f"for {name} (from the metadata).")
+        is_qk = gguf_name.endswith(("attn_q.weight", "attn_k.weight"))
+        heads = (config.n_heads if gguf_name.endswith("attn_q.weight") else config.n_kv_heads) if is_qk else None
+        if t.tensor_type.name in raw:
+            state[name] = RawTensor(t.tensor_type.name, np.asarray(t.data), shape, heads)
+            continue
         try:
             # np.asarray: a plain view, in case the reader is a stock GGUFReader handing out np.memmap
             arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)   # float32, shape == file_shape
@@ -241,15 +263,14 @@ def read_state_dict(reader: GGUFReader, config: Config, path: str | os.PathLike 
             raise ModelFileError(f"Tensor {gguf_name!r} in {path} holds NaN or infinite values: the file is "
                                  f"corrupt. {_fix_hint(path)}")
         w = torch.from_numpy(arr)
-        if gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = config.n_heads if gguf_name.endswith("attn_q.weight") else config.n_kv_heads
+        if heads is not None:
             w = unpermute(w, heads).contiguous()
         state[name] = w
     return state
 
 
 @contextlib.contextmanager
-def _no_random_init():
+def no_random_init():
     """Turn ``torch.nn.init``'s random initialisers into no-ops for a moment (as ``transformers`` does).
 
     Drawing every parameter at random only to throw it away at once is slow for a real model;
@@ -281,7 +302,7 @@ def load_gguf_decoder(path_or_reader: str | os.PathLike | GGUFReader, *, dtype: 
         reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     state = read_state_dict(reader, config, path)
-    with _no_random_init():
+    with no_random_init():
         model = Decoder(config)
     model.load_state_dict(state, strict=True, assign=True)   # strict: every parameter gets a file tensor
     return model.to(device=device, dtype=dtype).eval()

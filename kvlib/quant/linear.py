@@ -1,0 +1,102 @@
+"""Linear layers whose weights are stored in 8 or 4 bits: drop-in replacements for ``nn.Linear``
+(after gpt-fast's ``WeightOnlyInt8Linear`` and ``WeightOnlyInt4Linear``).
+
+Only the weights are quantized; activations stay floating point. On a CPU the matrix
+product runs in PyTorch's weight-only kernels, ``aten._weight_int8pack_mm`` and
+``aten._weight_int4pack_mm_for_cpu``, which take bfloat16 activations (with float32 ones
+they fall back to slow loops), so a layer computes in bfloat16 and hands back its input's
+dtype. Elsewhere (a GPU) the layer multiplies by its dequantized weight, which is correct
+but saves no time.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .formats import dequantize_int8_rows, quantize_int4_groups, quantize_int8_rows
+
+__all__ = ["Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "INT4_GROUP_SIZES"]
+
+COMPUTE_DTYPE = torch.bfloat16      # what the weight-only kernels multiply in
+INT4_GROUP_SIZES = (32, 64, 128, 256)   # the group sizes PyTorch's int4 kernel takes
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).to(COMPUTE_DTYPE)                          # (tokens, in)
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ (q · scale)ᵀ`` with ``q`` int8 ``(out, in)`` and one scale per output row."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__()
+        if q.dtype != torch.int8 or q.dim() != 2 or scale.shape != (q.shape[0],):
+            raise ValueError(f"Int8Linear takes q int8 (out, in) and one scale per row, got {q.dtype} "
+                             f"{tuple(q.shape)} and {tuple(scale.shape)}")
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scale", scale.to(COMPUTE_DTYPE))
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> "Int8Linear":
+        """Quantize a float ``(out, in)`` weight, symmetric, per output row."""
+        return cls(*quantize_int8_rows(weight.detach().float()))
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight this layer stands for: ``q · scale`` (with the scale rounded to bf16)."""
+        return dequantize_int8_rows(self.q, self.scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(_as_rows(x), self.q, self.scale)
+        else:
+            y = F.linear(_as_rows(x), self.dequantized().to(COMPUTE_DTYPE))
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per output row"
+
+
+class Int4Linear(nn.Module):
+    """``y = x @ Wᵀ`` with ``W = (q - 8) · scale + zero`` per group of ``group_size`` inputs,
+    ``q`` 4-bit, stored packed two per byte in the layout of PyTorch's CPU int4 kernel."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> None:
+        super().__init__()
+        out, inp = q.shape
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"Int4Linear: group_size={group_size!r}; the int4 kernel takes groups of {INT4_GROUP_SIZES}")
+        if scale.shape != (out, inp // group_size) or zero.shape != scale.shape or inp % group_size:
+            raise ValueError(f"Int4Linear: q {tuple(q.shape)} needs a scale and a zero of shape "
+                             f"({out}, {inp // group_size}) for groups of {group_size}")
+        self.out_features, self.in_features, self.group_size = out, inp, group_size
+        # the kernel's operands: packed weights, and (groups, out, 2) scales and zeros in bf16
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+        self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, group_size: int = 32) -> "Int4Linear":
+        """Quantize a float ``(out, in)`` weight, asymmetric, in groups of ``group_size`` inputs."""
+        return cls(*quantize_int4_groups(weight.detach().float(), group_size), group_size)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, ``(out, in)`` float32: read back through the kernel
+        itself (the identity matrix times the weight), so it is exactly what the kernel uses,
+        each value rounded to bfloat16. Only the packed integers are kept, no second copy."""
+        eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE)
+        w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed.cpu(), self.group_size,
+                                                         self.scales_and_zeros.cpu())          # (in, out)
+        return w_t.t().float().to(self.packed.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_as_rows(x), self.packed, self.group_size,
+                                                           self.scales_and_zeros)
+        else:
+            y = F.linear(_as_rows(x), self.dequantized().to(COMPUTE_DTYPE))
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int4 in groups of {self.group_size}")
