@@ -19,7 +19,7 @@ from .flops import (StepFlops, attention_flops_per_pair, count_flops, count_step
                     output_flops_per_row, step_call, step_flops)
 from .hardware import machine_description, matmul_flops_per_second, memory_bandwidth, weight_read_floor
 from .memory import TensorMemoryTracker, fmt_bytes, peak_memory
-from .quality import next_token_agreement
+from .quality import LogProbs, next_token_agreement
 from .timing import Stopwatch, fmt_approx, fmt_exponent, fmt_ratio, fmt_seconds, median_seconds, sync, time_call
 
 __all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "sync", "Stopwatch", "time_call",
@@ -27,4 +27,4 @@ __all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "sync", "St
            "output_flops_per_row", "crossover_context", "step_flops", "generation_step_flops", "generation_flops",
            "generation_ratio", "count_flops", "step_call", "count_step_flops", "fmt_flops", "TensorMemoryTracker",
            "peak_memory", "fmt_bytes", "memory_bandwidth", "matmul_flops_per_second", "weight_read_floor",
-           "machine_description", "next_token_agreement"]
+           "machine_description", "LogProbs", "next_token_agreement"]

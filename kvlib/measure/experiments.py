@@ -14,7 +14,7 @@ from ..cache.base import KVCache
 from ..clock import Stopwatch
 from ..generate import Generation, generate
 from .memory import peak_memory
-from .quality import next_token_agreement
+from .quality import LogProbs
 
 @dataclass
 class SpeedComparison:
@@ -251,9 +251,9 @@ def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, 
     with torch.no_grad():
         for start in starts:
             part = x[:, start:start + chunk]
-            reference = model(part, built["reference"])[0]                    # (chunk, vocab)
+            reference = LogProbs(model(part, built["reference"])[0])          # (chunk, vocab)
             for name in caches:
-                kl, same = next_token_agreement(reference, model(part, built[name])[0])
+                kl, same = reference.agreement(LogProbs(model(part, built[name])[0]))
                 kls[name].append(kl.cpu())
                 tops[name].append(same.cpu())
     return {name: CacheQuality(name, torch.cat(kls[name]), torch.cat(tops[name]), built[name].nbytes)

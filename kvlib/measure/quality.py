@@ -3,7 +3,36 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["next_token_agreement"]
+__all__ = ["LogProbs", "next_token_agreement"]
+
+
+class LogProbs:
+    """Logits of shape ``(..., vocab)`` as float64 log-probabilities, computed once, so that one
+    reference can be set against several models without repeating its softmax over the vocabulary."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.shape = logits.shape
+        self.log_p = torch.log_softmax(logits.double(), dim=-1)
+        self.top1 = logits.argmax(dim=-1)
+        self._p: torch.Tensor | None = None
+
+    @property
+    def p(self) -> torch.Tensor:
+        """The probabilities, computed on first use and kept."""
+        if self._p is None:
+            self._p = self.log_p.exp()
+        return self._p
+
+    def nll(self, targets: torch.Tensor) -> torch.Tensor:
+        """``-log p(target)`` at the first ``len(targets)`` positions (of a ``(positions, vocab)`` input)."""
+        return -self.log_p[:len(targets)].gather(-1, targets[:, None].to(self.log_p.device))[:, 0]
+
+    def agreement(self, other: "LogProbs") -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kl, same_top1)`` with this as the reference: see :func:`next_token_agreement`."""
+        if self.shape != other.shape:
+            raise ValueError(f"logits of different shapes: {tuple(self.shape)} and {tuple(other.shape)}")
+        kl = (self.p * (self.log_p - other.log_p)).sum(dim=-1)
+        return kl, self.top1 == other.top1
 
 
 def next_token_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -16,7 +45,4 @@ def next_token_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[
     """
     if reference.shape != other.shape:
         raise ValueError(f"logits of different shapes: {tuple(reference.shape)} and {tuple(other.shape)}")
-    ref = torch.log_softmax(reference.double(), dim=-1)
-    oth = torch.log_softmax(other.double(), dim=-1)
-    kl = (ref.exp() * (ref - oth)).sum(dim=-1)
-    return kl, reference.argmax(dim=-1) == other.argmax(dim=-1)
+    return LogProbs(reference).agreement(LogProbs(other))

@@ -16,7 +16,7 @@ import torch
 
 from ..cache.base import KVCache
 from ..checks import positive_int
-from ..measure.quality import next_token_agreement
+from ..measure.quality import LogProbs
 
 __all__ = ["Quality", "evaluate", "evaluate_many"]
 
@@ -51,10 +51,6 @@ class Quality:
         return math.exp(float(self.nll.mean()))
 
 
-def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return -torch.log_softmax(logits.double(), dim=-1).gather(-1, targets[:, None])[:, 0]
-
-
 @torch.no_grad()
 def evaluate(reference: torch.nn.Module, model: torch.nn.Module, ids: Sequence[int] | torch.Tensor, *,
              window: int = 512, progress: bool = False) -> Quality:
@@ -85,11 +81,11 @@ def evaluate_many(reference: torch.nn.Module, models: dict[str, torch.nn.Module]
     for start in starts:
         part = ids[start:start + window]
         targets = ids[start + 1:start + 1 + window]                  # the token each position predicts
-        ref = reference(part[None].to(reference.device), caches["reference"])[0].float().cpu()   # (window, vocab)
-        ref_nll = _nll(ref[:len(targets)], targets)
+        ref = LogProbs(reference(part[None].to(reference.device), caches["reference"])[0].cpu())  # (window, vocab)
+        ref_nll = ref.nll(targets)
         for name, m in models.items():
-            got = m(part[None].to(m.device), caches[name])[0].float().cpu()
-            kl, same = next_token_agreement(ref, got)
-            for bucket, value in zip(parts[name], (kl, same, ref_nll, _nll(got[:len(targets)], targets))):
+            got = LogProbs(m(part[None].to(m.device), caches[name])[0].cpu())
+            kl, same = ref.agreement(got)
+            for bucket, value in zip(parts[name], (kl, same, ref_nll, got.nll(targets))):
                 bucket.append(value)
     return {name: Quality(*(torch.cat(b) for b in buckets)) for name, buckets in parts.items()}
