@@ -45,14 +45,19 @@ book-static: setup
 ## test: every test: kvlib unit and property tests, the real-model and oracle tests,
 ## nbval strict on every notebook (as this machine runs it, and as other CPUs' matrix
 ## kernels round), the student edition, and a warning-free book build in Chromium.
-## After nbval, the three notebook runs that remain go side by side, one thread each; the
-## browser tests come last, alone (a browser starved of CPU by the notebooks times out).
+## After nbval, the notebook runs that remain go side by side, one thread each (so another
+## thread count than this machine's is tried too): the notebooks with MKL_CBWR=COMPATIBLE
+## (a plain SSE2 machine's rounding) in two halves, and the student edition with
+## MKL_CBWR=AVX2 (an AVX2-only machine's), which compares every cell but the solutions
+## (those the default and the COMPATIBLE runs compare). `make test-portable` runs both
+## roundings on every notebook in full. The browser tests come last, alone (a browser
+## starved of CPU by the notebooks times out).
 test: setup model
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory test-nbval
 	@echo "Side by side, one thread each: nbval with other CPUs' rounding, and the student edition"
 	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 3 --output-sync=target \
-	  portable-AVX2 portable-COMPATIBLE student-and-test
+	  portable-COMPATIBLE-odd portable-COMPATIBLE-even student-and-test STUDENT_CBWR=AVX2
 	$(MAKE) --no-print-directory test-browser
 
 ## test-browser: build the book (book-static), then check every page in Chromium, offline
@@ -97,6 +102,17 @@ portable-%: setup model
 	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s)"
 	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS)
 
+# The same, on every other notebook (1st, 3rd, ...; 2nd, 4th, ...): two halves of about
+# the same length, to run side by side.
+NOTEBOOKS_ODD := $(shell printf '%s\n' $(NOTEBOOKS) | awk 'NR % 2 == 1')
+NOTEBOOKS_EVEN := $(shell printf '%s\n' $(NOTEBOOKS) | awk 'NR % 2 == 0')
+portable-%-odd: setup model
+	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(NOTEBOOKS_ODD))"
+	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS_ODD)
+portable-%-even: setup model
+	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(NOTEBOOKS_EVEN))"
+	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS_EVEN)
+
 ## lab: JupyterLab on the chapter, with this project's Python.
 lab: setup
 	$(VENV)/bin/jupyter lab chapters/
@@ -130,6 +146,7 @@ student-and-test: book-static
 
 ## test-student: nbval on the student edition's notebooks (the stubs' checks, and the cells
 ## that use a stub, are tagged raises-exception; every other cell is compared as in test-nbval).
+## (STUDENT_CBWR=AVX2: with MKL_CBWR=AVX2, another machine's rounding, as make test runs it.)
 test-student: setup model
 	$(PY) scripts/student_edition.py --out student --quiet
-	$(PY) $(NBVAL) student/chapters/*.ipynb
+	$(if $(STUDENT_CBWR),MKL_CBWR=$(STUDENT_CBWR) )$(PY) $(NBVAL) student/chapters/*.ipynb

@@ -28,6 +28,28 @@ def test_formats_match_the_nbval_sanitizer():
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(100) == "100 B"
 
 
+
+def _sanitized(text: str) -> str:
+    """``text`` as nbval compares it: every pattern of tests/nbval_sanitize.cfg, in the file's order."""
+    from nbval.plugin import get_sanitize_patterns
+    for regex, replace in get_sanitize_patterns(open("tests/nbval_sanitize.cfg", encoding="utf-8").read()):
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def test_table_rows_from_two_machines_compare_equal():
+    """A padded column holds a measured number of another width on another machine (CI: 9.8 against 13.3)."""
+    def row(rate: float, step: float, ratio: float) -> str:
+        return (f"{1:>5} {fmt_seconds(step):>10} {rate:>12.1f} tok/s "
+                f"{fmt_approx(ratio, '.1f') + '×':>10}   {fmt_seconds(0.0282)}, 35.4 tok/s")
+    assert _sanitized(row(13.3, 0.0755, 1.0)) == _sanitized(row(9.8, 0.1021, 14.0))
+    assert _sanitized(f"{'static':>11} {14.4:>5.1f} tok/s") == _sanitized(f"{'static':>11} {9.8:>5.1f} tok/s")
+    # What is not measured still counts: another word, count or verdict is a difference.
+    assert _sanitized(row(13.3, 0.0755, 1.0)) != _sanitized(row(13.3, 0.0755, 1.0).replace("    1", "    2"))
+    assert _sanitized("same tokens:  True") != _sanitized("same tokens: False")
+    assert _sanitized("a  b   c") == "a b c"
+
+
 def test_count_flops_of_a_matmul():
     a, b = torch.randn(3, 5), torch.randn(5, 7)
     assert count_flops(lambda: a @ b) == 2 * 3 * 5 * 7

@@ -34,3 +34,26 @@ def test_no_stored_errors(path):
             continue
         for out in cell.get("outputs", []):
             assert out["output_type"] != "error", f"{path.name}: stored error {out.get('ename')}"
+
+
+# Cells whose output nbval does not compare, and why. Every other machine-dependent figure is
+# printed in a form tests/nbval_sanitize.cfg replaces, beside a fact that holds with margin.
+NOT_COMPARED = {
+    # The 48-token answers of the bfloat16-activation formats: at a near-tie another CPU's
+    # bfloat16 kernels choose another word (MKL_CBWR=COMPATIBLE does), and the rest follows.
+    ("08_quantization.ipynb", "c687da34"),
+}
+
+
+def test_only_the_listed_cells_escape_comparison():
+    found = set()
+    for path in NOTEBOOKS:
+        for cell in json.loads(path.read_text())["cells"]:
+            tags = cell.get("metadata", {}).get("tags", [])
+            source = "".join(cell.get("source", []))
+            if ("nbval-ignore-output" in tags or "nbval-skip" in tags
+                    or any(m in source for m in ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP"))):
+                found.add((path.name, cell.get("id")))
+    assert found == NOT_COMPARED, (
+        f"cells nbval does not compare: {sorted(found)}, expected {sorted(NOT_COMPARED)}. Print a machine-dependent "
+        "figure through kvlib.measure.fmt_approx beside a fact that holds everywhere, rather than skip a cell")
