@@ -57,3 +57,22 @@ def test_only_the_listed_cells_escape_comparison():
     assert found == NOT_COMPARED, (
         f"cells nbval does not compare: {sorted(found)}, expected {sorted(NOT_COMPARED)}. Print a machine-dependent "
         "figure through kvlib.measure.fmt_approx beside a fact that holds everywhere, rather than skip a cell")
+
+
+def test_nbval_waits_long_enough_for_outputs():
+    """The root conftest.py raises nbval's 5-second wait for each output of a finished cell
+    (a loaded machine missed it: 01's progress bars under make test's three parallel runs)."""
+    import importlib.util
+    import inspect
+    import types
+
+    import nbval.plugin
+
+    assert "self.output_timeout = 5" in inspect.getsource(nbval.plugin.IPyNbCell.__init__), \
+        "nbval no longer sets output_timeout in IPyNbCell.__init__: check that conftest.py still raises it"
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    cell, other = types.SimpleNamespace(output_timeout=5), types.SimpleNamespace()
+    conftest.pytest_collection_modifyitems([cell, other])
+    assert cell.output_timeout == conftest.NBVAL_OUTPUT_TIMEOUT >= 60 and not hasattr(other, "output_timeout")
