@@ -14,7 +14,7 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 
-.PHONY: setup model book book-static test test-quick test-nbval test-portable portable-% test-browser chromium lab notebooks clean
+.PHONY: setup model book book-static test test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
 ## setup: create .venv and install the pinned requirements plus kvlib itself (once).
 setup: $(STAMP)
@@ -112,6 +112,22 @@ portable-%-odd: setup model
 portable-%-even: setup model
 	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(NOTEBOOKS_EVEN))"
 	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS_EVEN)
+
+## peer: (optional) llama.cpp as the benchmark's peer: builds llama-cpp-python from its PyPI
+## sdist with the CPU's own instructions (GGML_NATIVE). It needs cmake and a C++ compiler and
+## takes a few minutes once; pip keeps the built wheel. make book and make test do not need it.
+PEER_STAMP := $(VENV)/.kvlib-peer
+peer: $(PEER_STAMP)
+$(PEER_STAMP): requirements-peer.txt $(STAMP)
+	@command -v cmake >/dev/null || { echo "error: make peer needs cmake (Debian: apt-get install cmake)" >&2; exit 1; }
+	@command -v c++ >/dev/null || { echo "error: make peer needs a C++ compiler (Debian: apt-get install g++)" >&2; exit 1; }
+	@echo "building llama-cpp-python from its sdist (a few minutes on 2 cores) ..."
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet --no-binary llama-cpp-python -r requirements-peer.txt
+	@touch $@
+
+## bench: python -m kvlib.bench on 2 threads (with llama.cpp when make peer has run).
+bench: setup model
+	$(PY) -m kvlib.bench --threads 2
 
 ## lab: JupyterLab on the chapter, with this project's Python.
 lab: setup

@@ -1,7 +1,10 @@
 """The benchmark command: its bandwidth probe and its report (the full run is `python -m kvlib.bench`)."""
 from __future__ import annotations
 
-from kvlib.measure.bench import to_markdown
+import pytest
+
+from kvlib.measure.bench import Impl, _time_peer, to_markdown
+from kvlib.measure.peer import first_difference, greedy_run, llama_cpp_missing
 from kvlib.measure.hardware import machine_description, memory_bandwidth
 
 
@@ -29,11 +32,11 @@ def _result(same=True):
 def test_markdown_report_names_machine_and_ratios():
     md = to_markdown(_result())
     assert "Test CPU (AVX2 vector instructions, 2 logical CPUs, 2 torch threads)" in md
-    assert "| kvlib, with cache | 2.00 s | 24.0 | 30.0 |" in md
-    assert "| transformers, without cache | 40.00 s | 1.2 | – |" in md
+    assert "| kvlib, with cache | 2.00 s | 24.0 | 30.0 | – | – |" in md
+    assert "| transformers, without cache | 40.00 s | 1.2 | – | – | – |" in md
     assert "| kvlib cached decode, share of the bandwidth limit | 81 % |" in md
-    assert "Same tokens from all 4: **True**" in md
-    assert "Same tokens from all 4: **False**" in to_markdown(_result(same=False))
+    assert "Same tokens from all 4 float32 implementations: **True**" in md
+    assert "Same tokens from all 4 float32 implementations: **False**" in to_markdown(_result(same=False))
     assert "takes 25.0 ms" in md and "at best 40.0 tokens/s, 2.67× transformers' cached decode" in md
     assert "compiled" not in md
     # 25 ms of floor at 30 decode tokens/s: the step is 75 % floor
@@ -59,12 +62,12 @@ def test_markdown_report_with_the_compiled_row():
                              "kvlib_compiled_decode_share_of_bandwidth_limit": 0.97,
                              "kvlib_uncached_over_compiled_cached": 13.3})
     md = to_markdown(result)
-    assert "| kvlib, with cache, compiled | 1.50 s | 32.0 | 36.0 |" in md
+    assert "| kvlib, with cache, compiled | 1.50 s | 32.0 | 36.0 | – | – |" in md
     assert "| kvlib compiled cached decode / transformers cached decode (tokens/s) | 2.40× |" in md
     assert "| kvlib compiled cached decode, share of the bandwidth limit | 97 % |" in md
     assert "| kvlib: time without cache / with cache, compiled | 13.3× |" in md
     assert "took 61.00 s" in md
-    assert "Same tokens from all 5" in md
+    assert "Same tokens from all 5 float32 implementations" in md
 
 
 def test_bandwidth_probe_is_plausible():
@@ -75,3 +78,111 @@ def test_bandwidth_probe_is_plausible():
 def test_machine_description_has_threads():
     m = machine_description()
     assert m["torch_threads"] >= 1 and m["logical_cpus"] >= 1
+
+
+def test_markdown_report_with_formats_and_the_peer():
+    result = _result()
+    result["rows"] += [
+        {"name": "kvlib, with cache, native 4-bit", "library": "kvlib", "format": "native 4-bit", "seconds": [1.0],
+         "median_seconds": 1.0, "tokens_per_s": 48.0, "decode_tokens_per_s": 60.0, "prefill_tokens_per_s": 250.0,
+         "parts_from_float32_at": 6},
+        {"name": "llama.cpp, with cache, Q4_1 file", "library": "llama.cpp", "format": "Q4_1 file", "seconds": [0.5],
+         "median_seconds": 0.5, "tokens_per_s": 96.0, "decode_tokens_per_s": 120.0, "prefill_tokens_per_s": 340.0,
+         "parts_from_float32_at": None},
+    ]
+    result["peer"] = {"name": "llama.cpp", "version": "0.3.36", "missing": None}
+    result["fastest_kvlib"] = "kvlib, with cache, native 4-bit"
+    result["ratios"].update({"kvlib_fastest_decode_vs_llama_cpp": 0.5, "kvlib_fastest_prefill_vs_llama_cpp": 0.74})
+    md = to_markdown(result)
+    assert "| kvlib, with cache, native 4-bit | 1.00 s | 48.0 | 60.0 | 250.0 | 6 |" in md
+    assert "| llama.cpp, with cache, Q4_1 file | 500.0 ms | 96.0 | 120.0 | 340.0 | – |" in md
+    assert "llama-cpp-python 0.3.36" in md
+    assert "| kvlib's fastest decode (kvlib, with cache, native 4-bit) / llama.cpp decode (tokens/s) | 0.50× |" in md
+    assert "| kvlib's fastest prefill / llama.cpp prefill (tokens/s) | 0.74× |" in md
+    assert "Same tokens from all 4 float32 implementations" in md      # the other formats are not counted
+    # the float32 floor says nothing about another format's step
+    assert "native 4-bit: decode step, share of the weight-read floor" not in md
+    result["formats"] = [{"format": "native 4-bit", "weight_bytes": 117.3 * 2**20, "weight_read_floor_ms": 20.0,
+                          "decode_step_ms": 35.0}]
+    assert "| native 4-bit | 117.3 MiB | 20.0 ms | 35.0 ms | 1.75× |" in to_markdown(result)
+
+
+def test_markdown_report_says_how_to_add_a_missing_peer():
+    result = _result()
+    result["peer"] = {"name": "llama.cpp", "version": None, "missing": "llama.cpp is not installed here: `make peer` ..."}
+    assert "No llama.cpp row: llama.cpp is not installed here: `make peer`" in to_markdown(result)
+
+
+class FakeLlama:
+    """llama_cpp.Llama's reset() and generate(), with a clock that advances by known steps."""
+
+    def __init__(self, clock, prefill=0.5, step=0.01, script=(7, 8, 9, 10, 11, 12)):
+        self.clock, self.prefill, self.step, self.script = clock, prefill, step, script
+        self.resets, self.calls = 0, []
+
+    def reset(self):
+        self.resets += 1
+
+    def generate(self, tokens, **sampling):
+        self.calls.append((list(tokens), sampling))
+        self.clock.t += self.prefill
+        for i, token in enumerate(self.script):
+            if i:
+                self.clock.t += self.step
+            yield token
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_greedy_run_times_prefill_and_steps():
+    clock = Clock()
+    llm = FakeLlama(clock)
+    run = greedy_run(llm, [1, 2, 3], 4, clock=clock)
+    assert run.tokens == [7, 8, 9, 10]
+    assert run.prefill_seconds == pytest.approx(0.5)
+    assert run.step_seconds == pytest.approx([0.01, 0.01, 0.01])
+    tokens, sampling = llm.calls[0]
+    assert tokens == [1, 2, 3] and sampling["temp"] == 0.0 and sampling["top_k"] == 1   # greedy
+    assert sampling["repeat_penalty"] == 1.0 and llm.resets == 1     # no penalty; the cache reset: prefill again
+
+
+def test_greedy_run_refuses_what_it_cannot_do():
+    clock = Clock()
+    with pytest.raises(RuntimeError, match="stopped after 6 of 10 tokens"):
+        greedy_run(FakeLlama(clock), [1], 10, clock=clock)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        greedy_run(FakeLlama(clock), [], 3, clock=clock)
+    with pytest.raises(ValueError, match="n_new must be at least 1"):
+        greedy_run(FakeLlama(clock), [1], 0, clock=clock)
+
+
+def test_peer_row_from_fake_runs(monkeypatch):
+    import kvlib.measure.peer as peer
+
+    clock = Clock()
+    monkeypatch.setattr(peer.time, "perf_counter", clock)
+    row = _time_peer(FakeLlama(clock, prefill=0.4, step=0.02), [1, 2], 5, repeats=3)
+    assert row.impl == Impl("llama.cpp", True, format="Q4_1 file") and row.tokens == [7, 8, 9, 10, 11]
+    assert row.prefill_seconds == pytest.approx(0.4) and row.decode_step_seconds == pytest.approx(0.02)
+    assert row.seconds == pytest.approx([0.48] * 3)
+    assert row.impl.label == "llama.cpp, with cache, Q4_1 file"
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_missing_peer_says_how_to_add_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    message = llama_cpp_missing()
+    assert "make peer" in message and "llama-cpp-python==0.3.36" in message and "cmake" in message

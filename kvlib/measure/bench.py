@@ -9,8 +9,12 @@ number of new tokens, it
 2. times kvlib ``generate`` with and without the cache (and, unless ``--no-compile``, with
    the cache and ``compile=True``), and transformers' ``generate`` with ``use_cache=True``
    and ``False`` (greedy; warm-up first; several repeats; medians);
-3. checks that all of them produce the same tokens;
-4. prints a table of tokens/s, the ratios between them, and kvlib's share of the bandwidth
+3. times kvlib's other formats eager (bfloat16, every layer in int8, and the native 4-bit
+   model that runs the file's own Q4_1 blocks), and llama.cpp on the same GGUF file when it
+   is installed (``make peer``; :mod:`kvlib.measure.peer`), prefill and decode alike;
+4. checks that the float32 implementations produce the same tokens, and says where each
+   other format's greedy tokens part from float32's (after a near-tie they may);
+5. prints a table of tokens/s, the ratios between them, and kvlib's share of the bandwidth
    limit (the rate at which decoding could go if every step only had to read the weights
    once at the measured bandwidth), and writes it as JSON and markdown.
 
@@ -31,21 +35,23 @@ import torch
 from ..clock import Stopwatch
 from ..generate import generate
 from .hardware import machine_description, memory_bandwidth, weight_read_floor
-from .timing import fmt_seconds
+from .peer import first_difference
+from .report import to_markdown
 
 
 @dataclass(frozen=True)
 class Impl:
     """Which implementation a row of the benchmark times."""
 
-    library: str                 # "kvlib" or "transformers"
+    library: str                 # "kvlib", "transformers" or "llama.cpp"
     cache: bool
     compiled: bool = False
+    format: str = "float32"      # the weights' format: "float32", "bfloat16", "int8", "native 4-bit", "Q4_1 file"
 
     @property
     def label(self) -> str:
         return (f"{self.library}, {'with' if self.cache else 'without'} cache"
-                + (", compiled" if self.compiled else ""))
+                + (", compiled" if self.compiled else "") + ("" if self.format == "float32" else f", {self.format}"))
 
 
 @dataclass
@@ -56,22 +62,37 @@ class Row:
     seconds: list[float]                 # wall-clock of each timed generate call
     decode_step_seconds: float | None    # median of the one-token steps (cached paths only)
     tokens: list[int] = field(repr=False, default_factory=list)
+    prefill_seconds: float | None = None  # median time from the call to the first token
 
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
 
 
-def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False) -> Row:
+def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False, format="float32") -> Row:
     generate(model, prompt, 4, use_cache=use_cache, compile=compile)     # warm-up (and compilation)
-    seconds, steps, tokens = [], [], []
+    seconds, steps, prefills, tokens = [], [], [], []
     for _ in range(repeats):
         with Stopwatch() as watch:
             out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
         seconds.append(watch.seconds)
         steps += [r.seconds for r in out.records[1:]]
+        prefills.append(out.records[0].seconds)
         tokens = out.tokens
-    return Row(Impl("kvlib", use_cache, compile), seconds, statistics.median(steps) if use_cache else None, tokens)
+    return Row(Impl("kvlib", use_cache, compile, format), seconds, statistics.median(steps) if use_cache else None,
+               tokens, statistics.median(prefills))
+
+
+def _time_peer(llm, prompt, n_new, repeats) -> Row:
+    """llama.cpp (:func:`kvlib.measure.peer.greedy_run`): warm-up, then ``repeats`` timed runs."""
+    from .peer import greedy_run
+
+    greedy_run(llm, prompt, 4)
+    runs = [greedy_run(llm, prompt, n_new) for _ in range(repeats)]
+    return Row(Impl("llama.cpp", True, format="Q4_1 file"),
+               [r.prefill_seconds + sum(r.step_seconds) for r in runs],
+               statistics.median(s for r in runs for s in r.step_seconds), runs[-1].tokens,
+               statistics.median(r.prefill_seconds for r in runs))
 
 
 def _time_transformers(hf_model, prompt, n_new, use_cache, repeats) -> Row:
@@ -92,15 +113,24 @@ def _time_transformers(hf_model, prompt, n_new, use_cache, repeats) -> Row:
                   min_new_tokens=n_new, max_new_tokens=n_new, pad_token_id=0)
     with torch.no_grad():
         hf_model.generate(x, **{**kwargs, "min_new_tokens": 4, "max_new_tokens": 4})   # warm-up
-        seconds, steps = [], []
+        seconds, steps, prefills = [], [], []
         for _ in range(repeats):
             clock = StepClock()
+            start = time.perf_counter()
             with Stopwatch() as watch:
                 out = hf_model.generate(x, logits_processor=LogitsProcessorList([clock]), **kwargs)
             seconds.append(watch.seconds)
             steps += [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+            prefills.append(clock.stamps[0] - start)
     tokens = out[0, len(prompt):].tolist()
-    return Row(Impl("transformers", use_cache), seconds, statistics.median(steps) if use_cache else None, tokens)
+    return Row(Impl("transformers", use_cache), seconds, statistics.median(steps) if use_cache else None, tokens,
+               statistics.median(prefills))
+
+
+def stored_weight_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a model's weights as it holds them: parameters and quantized buffers (RoPE's tables aside)."""
+    return (sum(p.numel() * p.element_size() for p in model.parameters())
+            + sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("rope.")))
 
 
 def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
@@ -134,12 +164,18 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
 
 
 def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: int | None = None,
-        progress: bool = True, compile: bool = True) -> dict:
-    """Run the whole benchmark and return its results as a JSON-ready dict."""
+        progress: bool = True, compile: bool = True, formats: bool = True, peer: bool = True) -> dict:
+    """Run the whole benchmark and return its results as a JSON-ready dict.
+
+    ``formats``: also time kvlib in bfloat16, int8 and the native 4-bit model (eager).
+    ``peer``: also time llama.cpp on the same file, when it is installed.
+    """
+    import copy
     import warnings
 
     from ..data import demo_prompt
     from ..smollm2 import load_smollm2, smollm2_path
+    from .peer import llama_cpp_missing
 
     if threads:
         torch.set_num_threads(threads)
@@ -176,6 +212,28 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         compile_seconds = watch.seconds
         say(f"timing kvlib, with cache, compiled ({repeats} runs) ...")
         rows.insert(1, _time_kvlib(model, prompt, n_new, True, repeats, compile=True))
+    format_floors = {"float32": (stored_weight_bytes(model), floor)}
+    if formats:
+        from ..quant import quantize
+
+        others = {"bfloat16": lambda: copy.deepcopy(model).to(torch.bfloat16),
+                  "int8": lambda: quantize(model, "int8"),
+                  "native 4-bit": lambda: load_smollm2(quantized=True)[0]}
+        for name, build in others.items():
+            say(f"timing kvlib, with cache, {name} ({repeats} runs), and its weight-read floor ...")
+            m = build()
+            rows.append(_time_kvlib(m, prompt, n_new, True, repeats, format=name))
+            format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
+    peer_missing = llama_cpp_missing() if peer else "not asked for (--no-peer)"
+    peer_version = None
+    if peer_missing is None:
+        import llama_cpp
+
+        from .peer import open_llama_cpp
+
+        peer_version = getattr(llama_cpp, "__version__", "?")
+        say(f"timing llama.cpp (llama-cpp-python {peer_version}) on the same file ({repeats} runs) ...")
+        rows.append(_time_peer(open_llama_cpp(path, torch.get_num_threads()), prompt, n_new, repeats))
     say("profiling one decode step ...")
     prof = profile_decode_step(model)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -200,6 +258,16 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
             "kvlib_compiled_decode_share_of_bandwidth_limit": limit_step / kv_cc.decode_step_seconds,
             "kvlib_uncached_over_compiled_cached": kv_u.median / kv_cc.median,
         })
+    peer_row = by.get(Impl("llama.cpp", True, format="Q4_1 file"))
+    kvlib_cached = [r for r in rows if r.impl.library == "kvlib" and r.impl.cache]
+    fastest = min(kvlib_cached, key=lambda r: r.decode_step_seconds)
+    if peer_row is not None:
+        fastest_prefill = min(kvlib_cached, key=lambda r: r.prefill_seconds)
+        ratios.update({
+            "kvlib_fastest_decode_vs_llama_cpp": peer_row.decode_step_seconds / fastest.decode_step_seconds,
+            "kvlib_fastest_prefill_vs_llama_cpp": peer_row.prefill_seconds / fastest_prefill.prefill_seconds,
+        })
+    reference_tokens = kv_c.tokens
     return {
         "machine": machine_description(),
         "prompt_tokens": len(prompt),
@@ -210,98 +278,24 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         "bandwidth_limit_tokens_per_s": 1 / limit_step,
         "weight_read_floor_ms": floor * 1e3,
         "compile_seconds": compile_seconds,
-        "rows": [{"name": r.impl.label, "seconds": r.seconds, "median_seconds": r.median,
+        "rows": [{"name": r.impl.label, "library": r.impl.library, "format": r.impl.format,
+                  "seconds": r.seconds, "median_seconds": r.median,
                   "tokens_per_s": n_new / r.median,
-                  "decode_tokens_per_s": (1 / r.decode_step_seconds) if r.decode_step_seconds else None}
+                  "decode_tokens_per_s": (1 / r.decode_step_seconds) if r.decode_step_seconds else None,
+                  "prefill_tokens_per_s": (len(prompt) / r.prefill_seconds) if r.prefill_seconds else None,
+                  "parts_from_float32_at": first_difference(r.tokens, reference_tokens)}
                  for r in rows],
-        "same_tokens": all(r.tokens == kv_c.tokens for r in rows),
+        "same_tokens": all(r.tokens == reference_tokens for r in rows if r.impl.format == "float32"),
+        "formats": [{"format": name, "weight_bytes": nbytes, "weight_read_floor_ms": seconds * 1e3,
+                     "decode_step_ms": 1e3 * by[Impl("kvlib", True, format=name)].decode_step_seconds}
+                    for name, (nbytes, seconds) in format_floors.items()],
+        "fastest_kvlib": fastest.impl.label,
+        "peer": {"name": "llama.cpp", "version": peer_version, "missing": peer_missing},
         "ratios": ratios,
         "profile": prof,
         "answer": tok.decode(kv_c.tokens),
         "date": time.strftime("%Y-%m-%d"),
     }
-
-
-def to_markdown(result: dict) -> str:
-    """The results as a markdown table plus the facts needed to read it."""
-    m, r = result["machine"], result["ratios"]
-    lines = [
-        f"Measured on {m['cpu']} ({m.get('vector_extensions', 'unknown')} vector instructions, "
-        f"{m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads), "
-        f"PyTorch {m['torch']}, Python {m['python']}, on {result['date']}.",
-        "",
-        f"Prompt: {result['prompt_tokens']} tokens (the real-model section's demo); {result['new_tokens']} new "
-        f"greedy tokens; medians of {result['repeats']['cached']} runs with the cache and "
-        f"{result['repeats']['uncached']} without. Same tokens from all {len(result['rows'])}: "
-        f"**{result['same_tokens']}**.",
-        "",
-        "| implementation | time for all tokens | tokens/s (whole call) | decode tokens/s (one-token steps) |",
-        "|---|---:|---:|---:|",
-    ]
-    for row in result["rows"]:
-        decode = f"{row['decode_tokens_per_s']:.1f}" if row["decode_tokens_per_s"] else "–"
-        lines.append(f"| {row['name']} | {fmt_seconds(row['median_seconds'])} | {row['tokens_per_s']:.1f} | {decode} |")
-    lines += [
-        "",
-        f"Memory bandwidth (reading a 512 MiB buffer): {result['bandwidth_gb_s']:.1f} GB/s. The weights are "
-        f"{result['weight_bytes'] / 1e6:.0f} MB, so reading them once per token allows at most "
-        f"{result['bandwidth_limit_tokens_per_s']:.1f} tokens/s.",
-        "",
-        f"Weight-read floor: running every weight matrix once as a matrix-vector product, back to back, "
-        f"with the same kernels and nothing in between, takes {result['weight_read_floor_ms']:.1f} ms, "
-        f"{100 * r['weight_read_floor_share_of_bandwidth_limit']:.0f} % of the bandwidth limit. No decode step "
-        f"made of these products can beat it: at best {1e3 / result['weight_read_floor_ms']:.1f} tokens/s, "
-        f"{r['weight_read_floor_vs_transformers_cached_decode']:.2f}× transformers' cached decode. "
-        + ("The floor is close to the bandwidth limit: on this machine memory is the wall."
-           if r["weight_read_floor_share_of_bandwidth_limit"] > 0.7 else
-           "The floor is well above the bandwidth limit: on this machine the float32 matrix-vector kernel, "
-           "not memory, is the wall."),
-        "",
-        "| ratio | value |",
-        "|---|---:|",
-    ]
-    compiled = "kvlib_compiled_vs_transformers_cached_decode" in r
-    ratio_rows = [
-        ("kvlib cached decode / transformers cached decode (tokens/s)", r["kvlib_cached_vs_transformers_cached_decode"], "x"),
-        ("kvlib compiled cached decode / transformers cached decode (tokens/s)",
-         r.get("kvlib_compiled_vs_transformers_cached_decode"), "x"),
-        ("kvlib cached / transformers cached, whole call", r["kvlib_cached_vs_transformers_cached_total"], "x"),
-        ("kvlib: time without cache / with cache", r["kvlib_uncached_over_cached"], "x1"),
-        ("kvlib: time without cache / with cache, compiled", r.get("kvlib_uncached_over_compiled_cached"), "x1"),
-        ("transformers: time without cache / with cache", r["transformers_uncached_over_cached"], "x1"),
-        ("kvlib cached decode, share of the bandwidth limit", r["kvlib_decode_share_of_bandwidth_limit"], "%"),
-        ("kvlib compiled cached decode, share of the bandwidth limit",
-         r.get("kvlib_compiled_decode_share_of_bandwidth_limit"), "%"),
-        ("transformers cached decode, share of the bandwidth limit", r["transformers_decode_share_of_bandwidth_limit"], "%"),
-    ]
-    floor_s = result["weight_read_floor_ms"] / 1e3
-    for row in result["rows"]:
-        if row["decode_tokens_per_s"]:
-            ratio_rows.append((f"{row['name']}: decode step, share of the weight-read floor",
-                               floor_s * row["decode_tokens_per_s"], "%"))
-    for label, value, kind in ratio_rows:
-        if value is None:
-            continue
-        shown = {"x": f"{value:.2f}×", "x1": f"{value:.1f}×", "%": f"{100 * value:.0f} %"}[kind]
-        lines.append(f"| {label} | {shown} |")
-    if compiled:
-        lines += ["", f"The first compiled call (`generate(..., compile=True)`) took "
-                      f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
-                      "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
-                      "on the same machine compiled the same step."]
-    p = result.get("profile")
-    if p:
-        lines += [
-            "",
-            f"Profile of one kvlib decode step at {p['context_len']} tokens of context (torch profiler, "
-            f"{p['ms_per_step']:.1f} ms of operator time, {p['ops_per_step']:.0f} operator calls): "
-            f"{100 * p['matmul_share']:.0f} % in matrix products, which read the weights; the rest is the "
-            "per-operator cost of running eagerly (norms, rotary embedding, reshapes, attention).",
-            "",
-            "| operator | calls per step | ms per step |",
-            "|---|---:|---:|",
-        ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in p["top"]]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,10 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile row (it needs a C++ compiler and time to compile)")
+    parser.add_argument("--no-formats", action="store_true", help="skip kvlib's bfloat16, int8 and 4-bit rows")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
                         help="folder for bench.json and bench.md (default: _build/bench)")
     args = parser.parse_args(argv)
-    result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile)
+    result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile,
+                 formats=not args.no_formats, peer=not args.no_peer)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     md = to_markdown(result)

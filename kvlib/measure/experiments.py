@@ -14,7 +14,7 @@ from ..cache.base import KVCache
 from ..clock import Stopwatch
 from ..generate import Generation, generate
 from .memory import peak_memory
-from .quality import LogProbs
+from .quality import Agreement, LogProbs
 
 @dataclass
 class SpeedComparison:
@@ -203,27 +203,12 @@ def uncached_peak_is_last_step(model: torch.nn.Module, prompt_ids: Sequence[int]
 
 
 @dataclass
-class CacheQuality:
-    """Next-token predictions with one kind of cache against a full-precision cache, over a text."""
+class CacheQuality(Agreement):
+    """Next-token predictions with one kind of cache against a full-precision cache, over a text
+    (``kl``, ``same_top1`` and their summaries: :class:`kvlib.measure.quality.Agreement`)."""
 
     name: str
-    kl: torch.Tensor          # (positions,) float64: KL(reference || this cache) per position, in nats
-    same_top1: torch.Tensor   # (positions,) bool: the same most likely next token
     nbytes: int               # the cache's bytes for the whole text
-
-    @property
-    def kl_mean(self) -> float:
-        return float(self.kl.mean())
-
-    @property
-    def kl_p99(self) -> float:
-        """The 99th percentile of the per-position KL: how bad the worst positions get."""
-        return float(torch.quantile(self.kl, 0.99))
-
-    @property
-    def top1(self) -> float:
-        """Share of positions whose most likely next token is the reference's."""
-        return float(self.same_top1.double().mean())
 
 
 def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, Callable[[int], KVCache]], *,
@@ -256,7 +241,7 @@ def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, 
                 kl, same = reference.agreement(LogProbs(model(part, built[name])[0]))
                 kls[name].append(kl.cpu())
                 tops[name].append(same.cpu())
-    return {name: CacheQuality(name, torch.cat(kls[name]), torch.cat(tops[name]), built[name].nbytes)
+    return {name: CacheQuality(torch.cat(kls[name]), torch.cat(tops[name]), name=name, nbytes=built[name].nbytes)
             for name in caches}
 
 

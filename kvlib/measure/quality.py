@@ -1,9 +1,33 @@
 """How far one model's (or one cache's) next-token predictions are from another's."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["LogProbs", "next_token_agreement"]
+__all__ = ["Agreement", "LogProbs", "next_token_agreement"]
+
+
+@dataclass
+class Agreement:
+    """Next-token predictions set against a reference's, position by position, over a text."""
+
+    kl: torch.Tensor          # (positions,) float64: KL(reference || these predictions) per position, in nats
+    same_top1: torch.Tensor   # (positions,) bool: the same most likely next token
+
+    @property
+    def kl_mean(self) -> float:
+        return float(self.kl.mean())
+
+    @property
+    def kl_p99(self) -> float:
+        """The 99th percentile of the per-position KL: how bad the worst positions get."""
+        return float(torch.quantile(self.kl, 0.99))
+
+    @property
+    def top1(self) -> float:
+        """Share of positions whose most likely next token is the reference's."""
+        return float(self.same_top1.double().mean())
 
 
 class LogProbs:

@@ -16,31 +16,18 @@ import torch
 
 from ..cache.base import KVCache
 from ..checks import positive_int
-from ..measure.quality import LogProbs
+from ..measure.quality import Agreement, LogProbs
 
 __all__ = ["Quality", "evaluate", "evaluate_many"]
 
 
 @dataclass
-class Quality:
-    """What :func:`evaluate` measured, over ``positions`` predictions."""
+class Quality(Agreement):
+    """What :func:`evaluate` measured, over ``positions`` predictions: ``kl`` and ``same_top1``
+    against the reference (:class:`kvlib.measure.quality.Agreement`), and both models' losses."""
 
-    kl: torch.Tensor            # (positions,) float64: KL(reference || model) at each position, in nats
-    same_top1: torch.Tensor     # (positions,) bool
     nll_reference: torch.Tensor  # (positions - 1,) float64: -log p(next token) under each model
     nll: torch.Tensor
-
-    @property
-    def kl_mean(self) -> float:
-        return float(self.kl.mean())
-
-    @property
-    def kl_p99(self) -> float:
-        return float(torch.quantile(self.kl, 0.99))
-
-    @property
-    def top1(self) -> float:
-        return float(self.same_top1.double().mean())
 
     @property
     def ppl_reference(self) -> float:

@@ -1,0 +1,114 @@
+"""The benchmark's report: :func:`to_markdown` turns what :func:`kvlib.measure.bench.run` measured
+(a JSON-ready dict) into the tables and sentences of ``bench.md``, the book's appendix."""
+from __future__ import annotations
+
+from .timing import fmt_seconds
+
+__all__ = ["to_markdown"]
+
+
+def to_markdown(result: dict) -> str:
+    """The results as a markdown table plus the facts needed to read it."""
+    m, r = result["machine"], result["ratios"]
+    lines = [
+        f"Measured on {m['cpu']} ({m.get('vector_extensions', 'unknown')} vector instructions, "
+        f"{m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads), "
+        f"PyTorch {m['torch']}, Python {m['python']}, on {result['date']}.",
+        "",
+        f"Prompt: {result['prompt_tokens']} tokens (the real-model section's demo); {result['new_tokens']} new "
+        f"greedy tokens; medians of {result['repeats']['cached']} runs with the cache and "
+        f"{result['repeats']['uncached']} without. Same tokens from all "
+        f"{sum(row.get('format', 'float32') == 'float32' for row in result['rows'])} float32 implementations: "
+        f"**{result['same_tokens']}**. The other formats round differently, so their greedy tokens may part "
+        "from float32's after a near-tie: the last column says where (– where they do not).",
+        "",
+        "| implementation | time for all tokens | tokens/s (whole call) | decode tokens/s (one-token steps) "
+        "| prefill tokens/s | parts from float32 at token |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def shown(value, spec=".1f"):
+        return "–" if value is None else format(value, spec)
+
+    for row in result["rows"]:
+        lines.append(f"| {row['name']} | {fmt_seconds(row['median_seconds'])} | {row['tokens_per_s']:.1f} "
+                     f"| {shown(row['decode_tokens_per_s'])} | {shown(row.get('prefill_tokens_per_s'))} "
+                     f"| {shown(row.get('parts_from_float32_at'), 'd')} |")
+    if result.get("formats"):
+        lines += ["", "Each kvlib format's weights as it holds them, its weight-read floor (every matrix once, "
+                      "back to back, in that format's kernels) and its decode step, with the cache, eager:", "",
+                  "| format | weights | weight-read floor | decode step | step / floor |", "|---|---:|---:|---:|---:|"]
+        for f in result["formats"]:
+            lines.append(f"| {f['format']} | {f['weight_bytes'] / 2**20:.1f} MiB | {f['weight_read_floor_ms']:.1f} ms "
+                         f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× |")
+    peer = result.get("peer")
+    if peer and peer.get("missing"):
+        lines += ["", f"No llama.cpp row: {peer['missing']}."]
+    elif peer:
+        lines += ["", f"llama.cpp: llama-cpp-python {peer['version']}, its vendored llama.cpp, on the same GGUF "
+                      "file (Q4_1 layers, a Q8_0 embedding), with the same threads, greedy, its own KV cache "
+                      "reset before every run."]
+    lines += [
+        "",
+        f"Memory bandwidth (reading a 512 MiB buffer): {result['bandwidth_gb_s']:.1f} GB/s. The weights are "
+        f"{result['weight_bytes'] / 1e6:.0f} MB, so reading them once per token allows at most "
+        f"{result['bandwidth_limit_tokens_per_s']:.1f} tokens/s.",
+        "",
+        f"Weight-read floor: running every weight matrix once as a matrix-vector product, back to back, "
+        f"with the same kernels and nothing in between, takes {result['weight_read_floor_ms']:.1f} ms, "
+        f"{100 * r['weight_read_floor_share_of_bandwidth_limit']:.0f} % of the bandwidth limit. No decode step "
+        f"made of these products can beat it: at best {1e3 / result['weight_read_floor_ms']:.1f} tokens/s, "
+        f"{r['weight_read_floor_vs_transformers_cached_decode']:.2f}× transformers' cached decode. "
+        + ("The floor is close to the bandwidth limit: on this machine memory is the wall."
+           if r["weight_read_floor_share_of_bandwidth_limit"] > 0.7 else
+           "The floor is well above the bandwidth limit: on this machine the float32 matrix-vector kernel, "
+           "not memory, is the wall."),
+        "",
+        "| ratio | value |",
+        "|---|---:|",
+    ]
+    compiled = "kvlib_compiled_vs_transformers_cached_decode" in r
+    ratio_rows = [
+        ("kvlib cached decode / transformers cached decode (tokens/s)", r["kvlib_cached_vs_transformers_cached_decode"], "x"),
+        ("kvlib compiled cached decode / transformers cached decode (tokens/s)",
+         r.get("kvlib_compiled_vs_transformers_cached_decode"), "x"),
+        ("kvlib cached / transformers cached, whole call", r["kvlib_cached_vs_transformers_cached_total"], "x"),
+        (f"kvlib's fastest decode ({result.get('fastest_kvlib')}) / llama.cpp decode (tokens/s)",
+         r.get("kvlib_fastest_decode_vs_llama_cpp"), "x"),
+        ("kvlib's fastest prefill / llama.cpp prefill (tokens/s)", r.get("kvlib_fastest_prefill_vs_llama_cpp"), "x"),
+        ("kvlib: time without cache / with cache", r["kvlib_uncached_over_cached"], "x1"),
+        ("kvlib: time without cache / with cache, compiled", r.get("kvlib_uncached_over_compiled_cached"), "x1"),
+        ("transformers: time without cache / with cache", r["transformers_uncached_over_cached"], "x1"),
+        ("kvlib cached decode, share of the bandwidth limit", r["kvlib_decode_share_of_bandwidth_limit"], "%"),
+        ("kvlib compiled cached decode, share of the bandwidth limit",
+         r.get("kvlib_compiled_decode_share_of_bandwidth_limit"), "%"),
+        ("transformers cached decode, share of the bandwidth limit", r["transformers_decode_share_of_bandwidth_limit"], "%"),
+    ]
+    floor_s = result["weight_read_floor_ms"] / 1e3
+    for row in result["rows"]:
+        if row["decode_tokens_per_s"] and row.get("format", "float32") == "float32" and row.get("library") != "llama.cpp":
+            ratio_rows.append((f"{row['name']}: decode step, share of the weight-read floor",
+                               floor_s * row["decode_tokens_per_s"], "%"))
+    for label, value, kind in ratio_rows:
+        if value is None:
+            continue
+        shown = {"x": f"{value:.2f}×", "x1": f"{value:.1f}×", "%": f"{100 * value:.0f} %"}[kind]
+        lines.append(f"| {label} | {shown} |")
+    if compiled:
+        lines += ["", f"The first compiled call (`generate(..., compile=True)`) took "
+                      f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
+                      "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
+                      "on the same machine compiled the same step."]
+    p = result.get("profile")
+    if p:
+        lines += [
+            "",
+            f"Profile of one kvlib decode step at {p['context_len']} tokens of context (torch profiler, "
+            f"{p['ms_per_step']:.1f} ms of operator time, {p['ops_per_step']:.0f} operator calls): "
+            f"{100 * p['matmul_share']:.0f} % in matrix products, which read the weights; the rest is the "
+            "per-operator cost of running eagerly (norms, rotary embedding, reshapes, attention).",
+            "",
+            "| operator | calls per step | ms per step |",
+            "|---|---:|---:|",
+        ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in p["top"]]
+    return "\n".join(lines) + "\n"

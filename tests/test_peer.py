@@ -1,0 +1,28 @@
+"""llama.cpp, the benchmark's peer, on the real file: runs only where `make peer` installed it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp", reason="llama.cpp is optional: `make peer` installs it")
+
+pytestmark = pytest.mark.slow
+
+
+def test_llama_cpp_reads_the_same_file_and_tokens_as_kvlib():
+    """Same GGUF file, same token ids: every greedy token of llama.cpp is among kvlib's float32
+    model's five most likely at that position (the two round differently, so near-ties may go
+    either way), and most are its first choice."""
+    from kvlib import load_smollm2, smollm2_path
+    from kvlib.data import demo_prompt
+    from kvlib.measure.peer import greedy_run, open_llama_cpp
+
+    model, tokenizer = load_smollm2()
+    prompt = demo_prompt(tokenizer)
+    run = greedy_run(open_llama_cpp(smollm2_path(), threads=torch.get_num_threads()), prompt, 16)
+    assert len(run.tokens) == 16 and run.prefill_seconds > 0 and len(run.step_seconds) == 15
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + run.tokens]))[0, len(prompt) - 1:-1]     # (16, vocab)
+    top5 = logits.topk(5, dim=-1).indices
+    assert all(t in row for t, row in zip(run.tokens, top5.tolist())), "llama.cpp chose a token kvlib ranks below 5th"
+    assert sum(t == row[0] for t, row in zip(run.tokens, top5.tolist())) >= 12
