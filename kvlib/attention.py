@@ -101,6 +101,12 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.d_model, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.d_model, bias=False)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries, keys and values of ``x`` ``(batch, seq, d_model)``, before they are split
+        into heads: ``(batch, seq, heads*head_dim)``, then ``(batch, seq, kv_heads*head_dim)`` twice.
+        (:class:`kvlib.fast.FusedAttention` computes all three with one matrix.)"""
+        return self.wq(x), self.wk(x), self.wv(x)
+
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor = 0,
                 cache: LayerCache | None = None, window: int | None = None, sinks: int = 0,
                 left_pad: torch.Tensor | None = None) -> torch.Tensor:
@@ -118,10 +124,11 @@ class Attention(nn.Module):
         also sees the first ``S`` tokens (:func:`banded_mask`).
         """
         b, t, _ = x.shape
+        q, k, v = self.project(x)
         # (batch, seq, heads*head_dim) -> (batch, heads, seq, head_dim)
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         per_row = isinstance(offset, torch.Tensor) or left_pad is not None
         if per_row:
             slots = torch.as_tensor(offset, device=x.device).expand(b)                # (batch,) first slot of x

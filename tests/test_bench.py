@@ -186,3 +186,71 @@ def test_missing_peer_says_how_to_add_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     message = llama_cpp_missing()
     assert "make peer" in message and "llama-cpp-python==0.3.36" in message and "cmake" in message
+
+
+def test_goals_follow_the_measured_rows():
+    """Each goal's value is computed from the rows; a missing peer or batch gives None, not a guess."""
+    from kvlib.measure.batched import BatchedRow
+    from kvlib.measure.bench import Row
+    from kvlib.measure.goals import goals
+
+    rows = [Row(Impl("kvlib", True), [1.0], 0.050, prefill_seconds=1.0),                          # 20 tok/s
+            Row(Impl("kvlib", True, format="fast 4-bit"), [1.0], 0.025, prefill_seconds=2.0),     # 40 tok/s
+            Row(Impl("llama.cpp", True, format="Q4_1 file"), [1.0], 0.020, prefill_seconds=1.5)]  # 50 tok/s
+    batched = [BatchedRow("kvlib, float32", 32, 1.0, [0.2] * 4, []), BatchedRow("kvlib, fast 4-bit", 32, 1.0, [0.1] * 4, []),
+               BatchedRow("llama.cpp", 32, 1.0, [0.16] * 4, [])]
+    got = {g["goal"]: g for g in goals(rows, batched, {"float32": (0, 0.045)})}
+    assert got["batch-1 decode, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(0.8)
+    assert got["batch-1 decode, kvlib's fastest / llama.cpp"]["met"] is False
+    assert got["batched decode at 32 sequences, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(1.6)
+    assert got["batched decode at 32 sequences, kvlib's fastest / llama.cpp"]["met"] is True
+    assert got["prefill, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(1.5)
+    assert got["float32 eager decode, share of its weight-read floor"]["value"] == pytest.approx(0.9)
+    alone = {g["goal"]: g for g in goals(rows[:2], [], {"float32": (0, 0.045)})}
+    assert alone["batch-1 decode, kvlib's fastest / llama.cpp"] == {
+        "goal": "batch-1 decode, kvlib's fastest / llama.cpp", "target": 1.0, "value": None, "met": None}
+
+
+def test_batched_rows_from_a_fake_peer_and_prompts():
+    from kvlib.measure.batched import batch_prompts, time_peer_batched
+    from kvlib.measure.peer import BatchedPeerRun
+
+    assert batch_prompts(list(range(10)), 3, prompt_len=3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    with pytest.raises(ValueError, match="need 12 ids, the text has 10"):
+        batch_prompts(list(range(10)), 4, prompt_len=3)
+    calls = []
+
+    def fake_run(llm, prompts, n_new):
+        calls.append((len(prompts), n_new))
+        return BatchedPeerRun([[1] * n_new for _ in prompts], 0.5, [0.04] * (n_new - 1))
+
+    row = time_peer_batched(object(), [[1, 2]] * 8, 5, run=fake_run)
+    assert calls == [(8, 2), (8, 5)]                       # a warm-up, then the timed run
+    assert row.decode_tokens_per_s == pytest.approx(8 / 0.04) and row.batch == 8 and row.name == "llama.cpp"
+
+
+def test_markdown_report_with_quality_batched_and_goals():
+    result = _result()
+    result["formats"] = [{"format": "float32", "weight_bytes": 513 * 2**20, "weight_read_floor_ms": 70.0, "decode_step_ms": 80.0},
+                         {"format": "fast 4-bit", "weight_bytes": 145 * 2**20, "weight_read_floor_ms": 15.0, "decode_step_ms": 30.0},
+                         {"format": "int8", "weight_bytes": 155 * 2**20, "weight_read_floor_ms": 20.0, "decode_step_ms": 40.0}]
+    result["quality"] = {"fast 4-bit": {"kl_mean": 0.0312, "kl_p99": 0.25, "top1": 0.912}}
+    result["quality_tokens"] = 1024
+    result["batched"] = [{"name": "kvlib, float32", "batch": 1, "decode_tokens_per_s": 10.0},
+                         {"name": "kvlib, float32", "batch": 32, "decode_tokens_per_s": 150.0},
+                         {"name": "llama.cpp", "batch": 1, "decode_tokens_per_s": 60.0}]
+    result["goals"] = [{"goal": "prefill, kvlib's fastest / llama.cpp", "target": 2.0, "value": 1.91, "met": False},
+                       {"goal": "float32 eager decode, share of its weight-read floor", "target": 0.9, "value": None,
+                        "met": None}]
+    result["profile_fast"] = {"context_len": 300, "ms_per_step": 20.0, "wall_ms_per_step": 30.0, "matmul_share": 0.6,
+                              "ops_per_step": 5000, "top": [("aten::_weight_int4pack_mm_for_cpu", 120, 9.5)]}
+    md = to_markdown(result)
+    assert "| float32 | 513.0 MiB | 70.0 ms | 80.0 ms | 1.14× | (the reference) | | |" in md
+    assert "| fast 4-bit | 145.0 MiB | 15.0 ms | 30.0 ms | 2.00× | 0.0312 | 0.250 | 91.2 % |" in md
+    assert "| int8 | 155.0 MiB | 20.0 ms | 40.0 ms | 2.00× | – | – | – |" in md          # not measured: no number
+    assert "| implementation | batch 1 | batch 32 |" in md
+    assert "| kvlib, float32 | 10.0 | 150.0 |" in md and "| llama.cpp | 60.0 | – |" in md
+    assert "30.0 ms per step unprofiled, of which 20.0 ms in 5000 operator calls (60 % of it" in md
+    assert "| `aten::_weight_int4pack_mm_for_cpu` | 120 | 9.50 |" in md
+    assert "| prefill, kvlib's fastest / llama.cpp | 2.0× | 1.91× | no |" in md
+    assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in md

@@ -26,3 +26,22 @@ def test_llama_cpp_reads_the_same_file_and_tokens_as_kvlib():
     top5 = logits.topk(5, dim=-1).indices
     assert all(t in row for t, row in zip(run.tokens, top5.tolist())), "llama.cpp chose a token kvlib ranks below 5th"
     assert sum(t == row[0] for t, row in zip(run.tokens, top5.tolist())) >= 12
+
+
+def test_batched_llama_cpp_decodes_every_sequence_as_alone():
+    """The batch API run: one sequence gives greedy_run's first tokens (the two paths may
+    round differently, so only until a near-tie could go either way); identical prompts in one
+    batch give identical rows; every row's tokens are timed step by step."""
+    from kvlib import load_smollm2, smollm2_path
+    from kvlib.data import demo_prompt
+    from kvlib.measure.peer import batched_greedy_run, greedy_run, open_llama_cpp
+
+    _, tokenizer = load_smollm2()
+    prompt = demo_prompt(tokenizer)
+    llm = open_llama_cpp(smollm2_path(), threads=torch.get_num_threads())
+    alone = greedy_run(llm, prompt, 6).tokens
+    one = batched_greedy_run(llm, [prompt], 6)
+    assert one.tokens[0][:4] == alone[:4] and len(one.step_seconds) == 5
+    four = batched_greedy_run(llm, [prompt[:40]] * 3 + [prompt[:60]], 5)
+    assert four.tokens[0] == four.tokens[1] == four.tokens[2] != four.tokens[3]
+    assert four.prefill_seconds > 0 and all(s > 0 for s in four.step_seconds)

@@ -36,6 +36,7 @@ from ..clock import Stopwatch
 from ..generate import generate
 from .hardware import machine_description, memory_bandwidth, weight_read_floor
 from .peer import first_difference
+from .goals import goals
 from .report import to_markdown
 
 
@@ -133,6 +134,10 @@ def stored_weight_bytes(model: torch.nn.Module) -> int:
             + sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("rope.")))
 
 
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
+                    "aten::_weight_int4pack_mm_for_cpu")
+
+
 def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
     """Where the time of one cached decode step goes, from the torch profiler.
 
@@ -147,16 +152,20 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
     step = step_call(model, context_len, use_cache=True)
     for _ in range(3):
         step()
+    with Stopwatch() as watch:
+        for _ in range(steps):
+            step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm"))
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPERATORS)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     return {
         "context_len": context_len,
         "ms_per_step": total / steps / 1e3,
+        "wall_ms_per_step": watch.seconds / steps * 1e3,    # unprofiled: operators plus Python between them
         "matmul_share": matmul / total,
         "ops_per_step": sum(e.count for e in events) / steps,
         "top": [(e.key, e.count / steps, e.self_cpu_time_total / steps / 1e3) for e in top],
@@ -164,11 +173,16 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
 
 
 def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: int | None = None,
-        progress: bool = True, compile: bool = True, formats: bool = True, peer: bool = True) -> dict:
+        progress: bool = True, compile: bool = True, formats: bool = True, peer: bool = True,
+        compile_formats: bool = False, batched: bool = True, quality_tokens: int = 1024) -> dict:
     """Run the whole benchmark and return its results as a JSON-ready dict.
 
-    ``formats``: also time kvlib in bfloat16, int8 and the native 4-bit model (eager).
-    ``peer``: also time llama.cpp on the same file, when it is installed.
+    ``formats``: also time kvlib in bfloat16, int8, the native 4-bit model and the fast path
+    (the native 4-bit model fused by :func:`kvlib.fast.fuse`, its output layer in int8), eager,
+    with each one's quality against float32 on the first ``quality_tokens`` tokens of the
+    evaluation text. ``compile_formats``: also compile each of them (several minutes each).
+    ``peer``: also time llama.cpp on the same file, when it is installed. ``batched``: also
+    decode 1, 8 and 32 sequences together (:mod:`kvlib.measure.batched`).
     """
     import copy
     import warnings
@@ -213,17 +227,32 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         say(f"timing kvlib, with cache, compiled ({repeats} runs) ...")
         rows.insert(1, _time_kvlib(model, prompt, n_new, True, repeats, compile=True))
     format_floors = {"float32": (stored_weight_bytes(model), floor)}
+    held: dict[str, torch.nn.Module] = {}
     if formats:
+        from ..fast import fuse
         from ..quant import quantize
 
         others = {"bfloat16": lambda: copy.deepcopy(model).to(torch.bfloat16),
                   "int8": lambda: quantize(model, "int8"),
-                  "native 4-bit": lambda: load_smollm2(quantized=True)[0]}
+                  "native 4-bit": lambda: load_smollm2(quantized=True)[0],
+                  FAST: lambda: fuse(held["native 4-bit"], int8_output_layer=True)}
         for name, build in others.items():
             say(f"timing kvlib, with cache, {name} ({repeats} runs), and its weight-read floor ...")
-            m = build()
+            held[name] = m = build()
             rows.append(_time_kvlib(m, prompt, n_new, True, repeats, format=name))
             format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
+            if compile_formats:
+                say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
+                rows.append(_time_kvlib(m, prompt, n_new, True, repeats, compile=True, format=name))
+    quality = {}
+    if held:
+        from ..data import evaluation_text
+        from ..quant import evaluate_many
+
+        say(f"measuring each format's predictions against float32 over {quality_tokens} tokens of text ...")
+        text_ids = tok.encode(evaluation_text())[:quality_tokens]
+        quality = {name: {"kl_mean": q.kl_mean, "kl_p99": q.kl_p99, "top1": q.top1}
+                   for name, q in evaluate_many(model, held, text_ids).items()}
     peer_missing = llama_cpp_missing() if peer else "not asked for (--no-peer)"
     peer_version = None
     if peer_missing is None:
@@ -233,9 +262,25 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
 
         peer_version = getattr(llama_cpp, "__version__", "?")
         say(f"timing llama.cpp (llama-cpp-python {peer_version}) on the same file ({repeats} runs) ...")
-        rows.append(_time_peer(open_llama_cpp(path, torch.get_num_threads()), prompt, n_new, repeats))
+        llm = open_llama_cpp(path, torch.get_num_threads())
+        rows.append(_time_peer(llm, prompt, n_new, repeats))
+    batched_rows = []
+    if batched:
+        from ..data import evaluation_text
+        from .batched import BATCH_SIZES, batch_prompts, time_kvlib_batched, time_peer_batched
+
+        text_ids = tok.encode(evaluation_text())
+        for size in BATCH_SIZES:
+            prompts = batch_prompts(text_ids, size)
+            say(f"batched decode, {size} sequence{'s' if size > 1 else ''} of 128 tokens, 32 new tokens each ...")
+            batched_rows.append(time_kvlib_batched("kvlib, float32", model, prompts, 32))
+            if FAST in held:
+                batched_rows.append(time_kvlib_batched(f"kvlib, {FAST}", held[FAST], prompts, 32))
+            if peer_missing is None:
+                batched_rows.append(time_peer_batched(llm, prompts, 32))
     say("profiling one decode step ...")
     prof = profile_decode_step(model)
+    prof_fast = profile_decode_step(held[FAST]) if FAST in held else None
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     limit_step = weight_bytes / bandwidth            # seconds per token if only the weights had to be read
     by = {r.impl: r for r in rows}
@@ -293,9 +338,17 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
         "peer": {"name": "llama.cpp", "version": peer_version, "missing": peer_missing},
         "ratios": ratios,
         "profile": prof,
+        "profile_fast": prof_fast,
+        "quality": quality,
+        "quality_tokens": quality_tokens,
+        "batched": [r.as_dict() for r in batched_rows],
+        "goals": goals(rows, batched_rows, format_floors),
         "answer": tok.decode(kv_c.tokens),
         "date": time.strftime("%Y-%m-%d"),
     }
+
+
+FAST = "fast 4-bit"     # the fast path's format: kvlib.fast.fuse of the native 4-bit model, int8 output layer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,11 +361,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the torch.compile row (it needs a C++ compiler and time to compile)")
     parser.add_argument("--no-formats", action="store_true", help="skip kvlib's bfloat16, int8 and 4-bit rows")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
+    parser.add_argument("--no-batched", action="store_true", help="skip batched decode at 1, 8 and 32 sequences")
+    parser.add_argument("--compile-formats", action="store_true",
+                        help="also compile every other format (several minutes each)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
                         help="folder for bench.json and bench.md (default: _build/bench)")
     args = parser.parse_args(argv)
     result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile,
-                 formats=not args.no_formats, peer=not args.no_peer)
+                 formats=not args.no_formats, peer=not args.no_peer, compile_formats=args.compile_formats,
+                 batched=not args.no_batched)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     md = to_markdown(result)

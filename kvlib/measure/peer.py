@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["PINNED", "PeerRun", "llama_cpp_missing", "open_llama_cpp", "greedy_run", "first_difference"]
+__all__ = ["PINNED", "PeerRun", "BatchedPeerRun", "llama_cpp_missing", "open_llama_cpp", "greedy_run",
+           "batched_greedy_run", "first_difference"]
 
 PINNED = "llama-cpp-python==0.3.36"
 
@@ -29,6 +30,15 @@ class PeerRun:
     tokens: list[int]
     prefill_seconds: float       # from the call to the first token: the prompt's prefill (and one sampling)
     step_seconds: list[float]    # between one token and the next: one decode step each
+
+
+@dataclass
+class BatchedPeerRun:
+    """Several sequences decoded together by the peer: one ``llama_decode`` call per step."""
+
+    tokens: list[list[int]]      # per sequence, its new tokens
+    prefill_seconds: float       # every prompt, and the first token of each
+    step_seconds: list[float]    # one decode step each: one new token for every sequence
 
 
 def llama_cpp_missing() -> str | None:
@@ -73,6 +83,71 @@ def greedy_run(llm: Any, prompt: Sequence[int], n_new: int, *,
     if len(tokens) < n_new:
         raise RuntimeError(f"the peer stopped after {len(tokens)} of {n_new} tokens")
     return PeerRun(tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])])
+
+
+def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *,
+                       clock: Callable[[], float] | None = None) -> BatchedPeerRun:
+    """``n_new`` greedy tokens after each of ``prompts``, all sequences in one batch, through
+    llama.cpp's low-level batch API (what its ``llama-batched-bench`` measures).
+
+    ``llm`` is a ``llama_cpp.Llama``: its weights are reused, in a context of its own with one
+    sequence per prompt (each with its own positions and cache cells, ``kv_unified`` off).
+    The prompts are prefilled in chunks of up to 512 tokens; then every step feeds one token
+    per sequence, and the next tokens are the argmax of each sequence's logits.
+    """
+    import ctypes
+
+    import llama_cpp as lc
+    import numpy as np
+
+    if n_new < 1 or not prompts or not all(prompts):
+        raise ValueError("batched_greedy_run needs n_new >= 1 and at least one non-empty prompt")
+    clock = clock or time.perf_counter
+    n_seq, chunk = len(prompts), 512
+    params = lc.llama_context_default_params()
+    params.n_ctx = sum(len(p) + n_new for p in prompts)
+    params.n_batch = params.n_ubatch = chunk
+    params.n_seq_max = n_seq
+    params.kv_unified = False
+    params.n_threads = params.n_threads_batch = llm.n_threads
+    ctx = lc.llama_init_from_model(llm.model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not make a context for {n_seq} sequences of {params.n_ctx} cells in all")
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model))
+    batch = lc.llama_batch_init(chunk, 0, 1)
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> list[int]:
+        """Feed (token, position, sequence, wants logits) entries; the argmax of each wanted row."""
+        chosen = []
+        for start in range(0, len(entries), chunk):
+            part = entries[start:start + chunk]
+            batch.n_tokens = len(part)
+            for i, (token, pos, seq, wants) in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wants
+                batch.seq_id[i][0] = seq
+            if lc.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed: the context has no room for this batch")
+            for i, (*_, wants) in enumerate(part):
+                if wants:
+                    row = lc.llama_get_logits_ith(ctx, i)
+                    chosen.append(int(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)),
+                                                            shape=(n_vocab,)).argmax()))
+        return chosen
+
+    try:
+        start = clock()
+        last = decode([(t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts) for pos, t in enumerate(p)])
+        stamps = [clock()]
+        tokens = [[t] for t in last]
+        for step in range(1, n_new):
+            last = decode([(t, len(p) + step - 1, s, True) for s, (p, t) in enumerate(zip(prompts, last))])
+            stamps.append(clock())
+            for row, t in zip(tokens, last):
+                row.append(t)
+    finally:
+        lc.llama_batch_free(batch)
+        lc.llama_free(ctx)
+    return BatchedPeerRun(tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])])
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:

@@ -35,12 +35,35 @@ def to_markdown(result: dict) -> str:
                      f"| {shown(row['decode_tokens_per_s'])} | {shown(row.get('prefill_tokens_per_s'))} "
                      f"| {shown(row.get('parts_from_float32_at'), 'd')} |")
     if result.get("formats"):
+        quality = result.get("quality") or {}
         lines += ["", "Each kvlib format's weights as it holds them, its weight-read floor (every matrix once, "
-                      "back to back, in that format's kernels) and its decode step, with the cache, eager:", "",
-                  "| format | weights | weight-read floor | decode step | step / floor |", "|---|---:|---:|---:|---:|"]
+                      "back to back, in that format's kernels), its decode step, with the cache, eager, and its "
+                      f"predictions against float32's over the first {result.get('quality_tokens')} tokens of the "
+                      "evaluation text (KL divergence, mean and 99th percentile, and the share of positions whose "
+                      "most likely token is float32's). The fast 4-bit path is the native 4-bit model with its "
+                      "matrices fused at load time (`kvlib.fast.fuse`: q, k and v as one matrix, gate and up as "
+                      "one) and its output layer in int8.", "",
+                  "| format | weights | weight-read floor | decode step | step / floor | KL mean | KL p99 "
+                  "| same top-1 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for f in result["formats"]:
+            q = quality.get(f["format"])
+            judged = (f"{q['kl_mean']:.4f} | {q['kl_p99']:.3f} | {100 * q['top1']:.1f} %" if q else
+                      "(the reference) | |" if f["format"] == "float32" else "– | – | –")
             lines.append(f"| {f['format']} | {f['weight_bytes'] / 2**20:.1f} MiB | {f['weight_read_floor_ms']:.1f} ms "
-                         f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× |")
+                         f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× "
+                         f"| {judged} |")
+    if result.get("batched"):
+        sizes = sorted({b["batch"] for b in result["batched"]})
+        names = list(dict.fromkeys(b["name"] for b in result["batched"]))
+        rate = {(b["name"], b["batch"]): b["decode_tokens_per_s"] for b in result["batched"]}
+        lines += ["", "Batched decode, as llama.cpp's `llama-batched-bench` measures it: each sequence a prompt of "
+                      "128 tokens (distinct pieces of the evaluation text), prefilled, then 32 greedy tokens for "
+                      "every sequence, one per sequence per step. Decode tokens/s: every sequence's new tokens over "
+                      "the time of the one-token steps.", "",
+                  "| implementation | " + " | ".join(f"batch {n}" for n in sizes) + " |",
+                  "|---|" + "---:|" * len(sizes)]
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(shown(rate.get((name, n))) for n in sizes) + " |")
     peer = result.get("peer")
     if peer and peer.get("missing"):
         lines += ["", f"No llama.cpp row: {peer['missing']}."]
@@ -111,4 +134,24 @@ def to_markdown(result: dict) -> str:
             "| operator | calls per step | ms per step |",
             "|---|---:|---:|",
         ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in p["top"]]
+    pf = result.get("profile_fast")
+    if pf:
+        lines += [
+            "",
+            f"Profile of one decode step of the fast 4-bit path at {pf['context_len']} tokens of context: "
+            f"{pf['wall_ms_per_step']:.1f} ms per step unprofiled, of which {pf['ms_per_step']:.1f} ms in "
+            f"{pf['ops_per_step']:.0f} operator calls ({100 * pf['matmul_share']:.0f} % of it in the weight-only "
+            "kernels) and the rest in Python between them.",
+            "",
+            "| operator | calls per step | ms per step |",
+            "|---|---:|---:|",
+        ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in pf["top"]]
+    if result.get("goals"):
+        lines += ["", "The performance goals, as this run measured them:", "",
+                  "| goal | target | measured | met |", "|---|---:|---:|---|"]
+        for g in result["goals"]:
+            value = "not measured" if g["value"] is None else (
+                f"{100 * g['value']:.0f} %" if g["target"] < 1 else f"{g['value']:.2f}×")
+            target = f"{100 * g['target']:.0f} %" if g["target"] < 1 else f"{g['target']:.1f}×"
+            lines.append(f"| {g['goal']} | {target} | {value} | {'–' if g['met'] is None else ('yes' if g['met'] else 'no')} |")
     return "\n".join(lines) + "\n"

@@ -43,6 +43,15 @@ class Int8Linear(nn.Module):
         """Quantize a float ``(out, in)`` weight, symmetric, per output row."""
         return cls(*quantize_int8_rows(weight.detach().float()))
 
+    @classmethod
+    def concat(cls, layers: "list[Int8Linear]") -> "Int8Linear":
+        """One layer whose outputs are those of ``layers`` side by side (same inputs): their rows
+        stacked, exactly, so one kernel call does the work of several."""
+        widths = {layer.in_features for layer in layers}
+        if len(widths) != 1:
+            raise ValueError(f"Int8Linear.concat: the layers must share their input width, got {sorted(widths)}")
+        return cls(torch.cat([layer.q for layer in layers]), torch.cat([layer.scale for layer in layers]))
+
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer stands for: ``q · scale`` (with the scale rounded to bf16)."""
         return dequantize_int8_rows(self.q, self.scale)
@@ -79,6 +88,28 @@ class Int4Linear(nn.Module):
     def from_weight(cls, weight: torch.Tensor, group_size: int = 32) -> "Int4Linear":
         """Quantize a float ``(out, in)`` weight, asymmetric, in groups of ``group_size`` inputs."""
         return cls(*quantize_int4_groups(weight.detach().float(), group_size), group_size)
+
+    @classmethod
+    def concat(cls, layers: "list[Int4Linear]") -> "Int4Linear":
+        """One layer whose outputs are those of ``layers`` side by side (same inputs, same groups).
+
+        The kernel packs output rows in blocks of 64 (smaller blocks when the row count is not a
+        multiple of 64), and its scales and zeros are ``(groups, out, 2)``: when every layer has
+        a multiple of 64 rows, stacking is a concatenation of both, exact, with no unpacking."""
+        shapes = {(layer.in_features, layer.group_size) for layer in layers}
+        if len(shapes) != 1:
+            raise ValueError(f"Int4Linear.concat: the layers must share their input width and group size, got {shapes}")
+        if any(layer.out_features % 64 for layer in layers):
+            raise ValueError(f"Int4Linear.concat stacks the kernel's blocks of 64 output rows: every layer needs a "
+                             f"multiple of 64 rows, got {[layer.out_features for layer in layers]}; quantize the "
+                             "stacked float weight instead (Int4Linear.from_weight)")
+        (inp, group_size), = shapes
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        out.out_features, out.in_features, out.group_size = sum(l.out_features for l in layers), inp, group_size
+        out.register_buffer("packed", torch.cat([layer.packed for layer in layers]))
+        out.register_buffer("scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1))
+        return out
 
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, ``(out, in)`` float32: read back through the kernel
