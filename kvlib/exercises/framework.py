@@ -152,3 +152,48 @@ def diagnose(fn: Callable, cases: list[Case], mistakes: list[tuple[str, Callable
                 return "this looks like a known slip: " + sentence
         return None
     return None
+
+
+# --- grading a prediction or an explanation ----------------------------------------------------
+
+def check_prediction(exercise: str, predicted: Any, measured: float, *, rel_tol: float, what: str,
+                     why: str = "") -> None:
+    """Grade a predicted number against what the experiment ``measured`` (or what a formula gives).
+
+    Passes within ``rel_tol`` (relative: 0.25 is 25 %); otherwise says how far off, in which
+    direction, and ``why`` (what the prediction most likely left out). ``what`` names the
+    quantity ("the achieved GFLOP/s of a cached step"). An unanswered prediction (``None``,
+    ``...``) is refused with a reminder to write a number first."""
+    if predicted is None or predicted is Ellipsis:
+        raise CheckFailed(f"{exercise}: write your prediction of {what} first (a number), then run this check.")
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        raise CheckFailed(f"{exercise}: your prediction of {what} should be a number, got {describe(predicted)}")
+    if not rel_tol > 0:
+        raise ValueError(f"rel_tol must be positive, got {rel_tol!r}")
+    if measured:
+        error = (predicted - measured) / abs(measured)
+    else:
+        error = 0.0 if predicted == 0 else (float("inf") if predicted > 0 else -float("inf"))
+    if abs(error) <= rel_tol:
+        print(f"✓ {exercise}: you predicted {predicted:.4g} for {what}; it is {measured:.4g} "
+              f"(within {100 * rel_tol:.0f} %).")
+        return
+    direction = "too high" if predicted > measured else "too low"
+    message = (f"{exercise}: you predicted {predicted:.4g} for {what}, but it is {measured:.4g}: "
+               f"{direction} by {100 * abs(error):.0f} % (within {100 * rel_tol:.0f} % passes).")
+    raise CheckFailed(message + (f"\n  hint: {why}" if why else ""))
+
+
+def check_choice(exercise: str, answer: Any, choices: dict[str, tuple[bool, str]]) -> None:
+    """Grade one choice among explanations: ``choices`` maps each letter to (is it right, why).
+    Every answer, right or wrong, is told why, so that a guess still teaches something."""
+    letters = ", ".join(map(repr, choices))
+    if answer is None or answer is Ellipsis:
+        raise CheckFailed(f"{exercise}: choose one of {letters} first, then run this check.")
+    key = answer.strip().lower() if isinstance(answer, str) else answer
+    if key not in choices:
+        raise CheckFailed(f"{exercise}: the answer should be one of {letters}, got {describe(answer)}")
+    right, why = choices[key]
+    if not right:
+        raise CheckFailed(f"{exercise}: ({key}) is not it. {why}")
+    print(f"✓ {exercise}: ({key}) is right. {why}")

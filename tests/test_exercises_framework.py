@@ -1,0 +1,39 @@
+"""The graders for predictions and explanations that every section's experiments use."""
+from __future__ import annotations
+
+import pytest
+
+from kvlib.exercises.framework import CheckFailed, check_choice, check_prediction
+
+
+def test_prediction_within_tolerance_passes_and_says_so(capsys):
+    check_prediction("Exercise 9.9", 110, 100.0, rel_tol=0.25, what="the speed-up")
+    assert "✓ Exercise 9.9: you predicted 110 for the speed-up; it is 100 (within 25 %)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("predicted, words", [(200, "too high by 100 %"), (40, "too low by 60 %")])
+def test_prediction_outside_tolerance_says_how_far_and_why(predicted, words):
+    with pytest.raises(CheckFailed, match=f"but it is 100: {words}") as err:
+        check_prediction("Exercise 9.9", predicted, 100.0, rel_tol=0.25, what="the speed-up", why="count the reads")
+    assert "hint: count the reads" in str(err.value)
+
+
+@pytest.mark.parametrize("predicted, words", [(None, "write your prediction"), (..., "write your prediction"),
+                                              ("12", "should be a number"), (True, "should be a number")])
+def test_prediction_that_is_not_a_number_is_refused(predicted, words):
+    with pytest.raises(CheckFailed, match=words):
+        check_prediction("Exercise 9.9", predicted, 100.0, rel_tol=0.25, what="x")
+
+
+CHOICES = {"a": (False, "The cache is exact."), "b": (True, "Reading the weights dominates.")}
+
+
+def test_choice_right_and_wrong_both_say_why(capsys):
+    check_choice("Exercise 9.9", " B ", CHOICES)
+    assert "✓ Exercise 9.9: (b) is right. Reading the weights dominates." in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"\(a\) is not it. The cache is exact."):
+        check_choice("Exercise 9.9", "a", CHOICES)
+    with pytest.raises(CheckFailed, match="one of 'a', 'b', got 'z'"):
+        check_choice("Exercise 9.9", "z", CHOICES)
+    with pytest.raises(CheckFailed, match="choose one of"):
+        check_choice("Exercise 9.9", None, CHOICES)
