@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import kvlib
 import kvlib.exercises as ex
 from kvlib.attention import causal_attention
 from kvlib.exercises import CheckFailed
@@ -39,8 +40,9 @@ def test_rope_reference_agrees_with_kvlib(offset, seq, theta):
 
 def test_checks_are_found_by_name():
     names = set(ex.all_checks())
-    assert {"check_one_head_causal_attention", "check_gqa_attention",
-            "check_cached_attention_step", "check_rope_rotate"} <= names
+    assert {"check_one_head_causal_attention", "check_gqa_attention", "check_sliding_window_attention",
+            "check_which_outputs_change", "check_cached_attention_step", "check_rope_rotate",
+            "check_rope_rotate_qk", "check_cache_prediction"} <= names
     assert ex.check_rope_rotate is kvc.check_rope_rotate
 
 
@@ -96,15 +98,53 @@ def test_one_head_student_error_is_reported_briefly():
 
 # --- Exercise 2.2 ----------------------------------------------------------------------------
 
-def test_gqa_reference_passes(capsys):
-    att.check_gqa_attention(att._gqa_attention)
-    assert "✓ Exercise 2.2: all 5 cases pass" in capsys.readouterr().out
+def gqa_attention(q, k, v):
+    """The notebook's solution: the group folded into the rows of the queries, nothing copied."""
+    b, n_heads, n, d = q.shape
+    n_kv = k.shape[1]
+    group = n_heads // n_kv
+    rows = q.reshape(b, n_kv, group * n, d)
+    scores = (rows @ k.transpose(-2, -1) / math.sqrt(d)).view(b, n_kv, group, n, n)
+    future = torch.ones(n, n, dtype=torch.bool).triu(diagonal=1)
+    weights = scores.masked_fill(future, float("-inf")).softmax(dim=-1).view(b, n_kv, group * n, n)
+    return (weights @ v).reshape(b, n_heads, n, d)
 
 
-def test_gqa_with_pytorch_sdpa_passes(capsys):
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    att.check_gqa_attention(lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True))
-    assert "✓ Exercise 2.2" in capsys.readouterr().out
+def test_gqa_without_copies_passes(capsys):
+    att.check_gqa_attention(gqa_attention)
+    out = capsys.readouterr().out
+    assert "✓ Exercise 2.2: all 5 cases pass" in out and "No key or value was copied" in out
+
+
+def _broadcast(q, k, v):
+    b, n_heads, n, d = q.shape
+    qg = q.reshape(b, k.shape[1], n_heads // k.shape[1], n, d)
+    return att._attend(qg, k[:, :, None], v[:, :, None]).reshape(b, n_heads, n, d)
+
+
+def _expanded(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    grow = lambda t: t[:, :, None].expand(-1, -1, g, -1, -1).contiguous().flatten(1, 2)   # noqa: E731
+    return att._attend(q, grow(k), grow(v))
+
+
+def _indexed(q, k, v):
+    idx = torch.arange(q.shape[1]) // (q.shape[1] // k.shape[1])
+    return att._attend(q, k[:, idx], v[:, idx])
+
+
+@pytest.mark.parametrize("copying, op", [
+    (att._gqa_attention, r"aten\.(repeat_interleave|clone|index_select|index)"),        # repeat_interleave
+    (lambda q, k, v: att._attend(q, *(t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))), r"aten\.\w+"),
+    (_expanded, r"aten\.clone"),
+    (_indexed, r"aten\.index"),
+    (_broadcast, r"aten\.clone"),                  # torch.matmul copies the broadcast keys and values
+])
+def test_gqa_copies_fail_and_say_what_was_copied(copying, op):
+    with pytest.raises(CheckFailed, match=r"Exercise 2.2: case 1 of 5 \(batch 1, 4 query heads sharing 2 kv heads, 6 tokens\): "
+                                          r"the result may be right, but the keys k \(shape \(1, 2, 6, 4\)\) were copied "
+                                          r"to shape \([\d, ]+\) by " + op + r"[\s\S]*2 copies[\s\S]*hint: view the queries"):
+        att.check_gqa_attention(copying)
 
 
 @pytest.mark.parametrize("stub, match", [
@@ -254,3 +294,150 @@ def test_rope_usual_mistakes_are_named(wrong, match):
 def test_rope_ignoring_theta_fails_on_the_last_case():
     with pytest.raises(CheckFailed, match=r"case 4 of 4 [\s\S]*theta is ignored"):
         kvc.check_rope_rotate(lambda x, offset, theta=10_000.0: kvc._rope_rotate(x, offset))
+
+
+
+# --- Exercise 2.1 (since issue 17): sliding-window attention --------------------------------
+
+def sliding_window_attention(q, k, v, window):
+    n = len(q)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    hidden = (j > i) | (j <= i - window)
+    scores = q @ k.T / math.sqrt(q.shape[-1])
+    return scores.masked_fill(hidden, float("-inf")).softmax(dim=-1) @ v
+
+
+def test_sliding_reference_passes_and_agrees_with_kvlib(capsys):
+    att.check_sliding_window_attention(sliding_window_attention)
+    att.check_sliding_window_attention(att._sliding)
+    assert capsys.readouterr().out.count("✓ Exercise 2.1: all 5 cases pass") == 2
+    q, k, v = att._qkv(5, 9, 4)
+    torch.testing.assert_close(att._sliding(q, k, v, 9), att._attend(q, k, v))       # a long window: causal
+    torch.testing.assert_close(att._sliding(q, k, v, 1), v)                           # window 1: itself
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (dict(lo_shift=-1), r"window \+ 1 keys"),
+    (dict(lo_shift=+1), r"window - 1 keys"),
+    (dict(causal=False), r"the window is not causal"),
+    (dict(scale=False), r"not scaled"),
+])
+def test_sliding_usual_mistakes_are_named(wrong, match):
+    with pytest.raises(CheckFailed, match=r"Exercise 2.1: case 1 of 5 [\s\S]*known slip: [^\n]*" + match):
+        att.check_sliding_window_attention(lambda q, k, v, w: att._sliding(q, k, v, w, **wrong))
+
+
+def test_sliding_that_ignores_the_window_is_named():
+    with pytest.raises(CheckFailed, match=r"case 1 of 5 [\s\S]*the window is ignored"):
+        att.check_sliding_window_attention(lambda q, k, v, w: att._attend(q, k, v))
+
+
+@pytest.mark.parametrize("stub, match", [(_not_written, NOT_WRITTEN), (lambda q, k, v, w: v, r"case 1 of 5 .* values differ")])
+def test_sliding_stubs_fail(stub, match):
+    with pytest.raises(CheckFailed, match=match):
+        att.check_sliding_window_attention(stub)
+
+
+# --- Exercise 2.4: which outputs change ----------------------------------------------------------
+
+def test_which_outputs_change_grades_every_letter(capsys):
+    att.check_which_outputs_change(lambda: "b")
+    att.check_which_outputs_change(lambda: " B ")
+    assert capsys.readouterr().out.count("✓ Exercise 2.4: (b) is right. The causal mask") == 2
+    for letter, why in [("a", "a key for positions 5 and later"), ("c", "so do the later ones"),
+                        ("d", "Only the positions before it")]:
+        with pytest.raises(CheckFailed, match=rf"Exercise 2.4: \({letter}\) is not it\. [\s\S]*{why}"):
+            att.check_which_outputs_change(lambda: letter)
+    with pytest.raises(CheckFailed, match=NOT_WRITTEN):
+        att.check_which_outputs_change(_not_written)
+    with pytest.raises(CheckFailed, match="choose one of"):
+        att.check_which_outputs_change(lambda: None)
+
+
+def test_which_outputs_change_the_experiment_agrees():
+    torch.manual_seed(0)
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8]])
+    changed = ids.clone()
+    changed[0, 5] = 40
+    with torch.no_grad():
+        moved = (model(ids) - model(changed)).abs().amax(dim=-1)[0]
+    assert [i for i, m in enumerate(moved.tolist()) if m > 1e-5] == [5, 6, 7]
+
+
+# --- Exercise 3.2 (since issue 17): the offset that reached only the queries -------------------
+
+def rope_rotate_qk(q, k, offset, theta=10_000.0):
+    return kvc._rope_rotate(q, offset, theta), kvc._rope_rotate(k, offset, theta)
+
+
+def test_rope_qk_reference_passes_and_agrees_with_kvlib(capsys):
+    kvc.check_rope_rotate_qk(rope_rotate_qk)
+    assert "✓ Exercise 3.2: all 4 cases pass" in capsys.readouterr().out
+    for case in kvc._qk_cases():
+        q, k, offset = case.args
+        rope = RotaryEmbedding(q.shape[-1], offset + q.shape[-2], case.kwargs["theta"])
+        torch.testing.assert_close(case.expected[0], rope(q, offset))
+        torch.testing.assert_close(case.expected[1], rope(k, offset))
+
+
+def test_the_buggy_rotation_of_the_exercise_passes_the_prefill_and_is_named_on_decode():
+    buggy = lambda q, k, offset, theta=10_000.0: kvc._rope_rotate_qk(q, k, offset, theta, k_start=0)   # noqa: E731
+    prefill = kvc._qk_cases()[0]
+    torch.testing.assert_close(buggy(*prefill.args, **prefill.kwargs), prefill.expected)
+    with pytest.raises(CheckFailed, match=r"Exercise 3.2: case 2 of 4 \(decode: one token at position 5\) is wrong[\s\S]*"
+                                          r"known slip: the queries are rotated at offset, offset \+ 1, ..., but the keys at 0"):
+        kvc.check_rope_rotate_qk(buggy)
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (dict(q_start=0), r"now the keys are rotated at offset, but the queries at 0"),
+    (dict(q_start=0, k_start=0), r"neither queries nor keys get the offset"),
+])
+def test_rope_qk_usual_mistakes_are_named(wrong, match):
+    with pytest.raises(CheckFailed, match=r"Exercise 3.2: case 2 of 4 [\s\S]*" + match):
+        kvc.check_rope_rotate_qk(lambda q, k, offset, theta=10_000.0: kvc._rope_rotate_qk(q, k, offset, theta, **wrong))
+
+
+def test_rope_qk_offset_twice_and_swapped_results_are_named():
+    with pytest.raises(CheckFailed, match=r"the keys get the offset twice"):
+        kvc.check_rope_rotate_qk(lambda q, k, o, theta=10_000.0: kvc._rope_rotate_qk(q, k, o, theta, k_start=2 * o))
+    with pytest.raises(CheckFailed, match=r"case 1 of 4 [\s\S]*wrong order"):
+        kvc.check_rope_rotate_qk(lambda q, k, o, theta=10_000.0: rope_rotate_qk(q, k, o, theta)[::-1])
+
+
+def test_rope_qk_stub_fails():
+    with pytest.raises(CheckFailed, match=NOT_WRITTEN):
+        kvc.check_rope_rotate_qk(_not_written)
+
+
+# --- Exercise 3.3: the cache, predicted then measured ------------------------------------------
+
+RIGHT = {"pos": 15, "bytes in use": 3_840, "bytes allocated": 16_384, "pos after kvlib.generate": 14}
+
+
+def test_cache_prediction_right_passes(capsys):
+    kvc.check_cache_prediction(lambda: dict(RIGHT))
+    out = capsys.readouterr().out
+    assert "✓ Exercise 3.3: you predicted 15 for 'pos'; it is 15" in out
+    assert "✓ Exercise 3.3: you predicted 14 for 'pos after kvlib.generate'; it is 14" in out
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("pos after kvlib.generate", 15, r"too high[\s\S]*the last one is never fed back in"),
+    ("bytes allocated", 3_840, r"too low[\s\S]*allocated for all max_len positions"),
+    ("bytes in use", 7_680, r"too high[\s\S]*the query heads are not cached"),
+    ("pos", 10, r"too low[\s\S]*each decode step one more"),
+])
+def test_cache_prediction_wrong_answers_say_why(key, value, match):
+    with pytest.raises(CheckFailed, match=rf"Exercise 3.3: you predicted [\d.e+]+ for '{key}'[\s\S]*" + match):
+        kvc.check_cache_prediction(lambda: {**RIGHT, key: value})
+
+
+def test_cache_prediction_stub_and_malformed_answers_fail():
+    with pytest.raises(CheckFailed, match=NOT_WRITTEN):
+        kvc.check_cache_prediction(_not_written)
+    with pytest.raises(CheckFailed, match=r"return a dict with the keys 'pos'"):
+        kvc.check_cache_prediction(lambda: 15)
+    with pytest.raises(CheckFailed, match=r"write your prediction of 'pos' first"):
+        kvc.check_cache_prediction(lambda: {**RIGHT, "pos": ...})

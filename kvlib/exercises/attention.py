@@ -1,9 +1,13 @@
-"""Checks for the exercises of *Attention, step by step* (Exercises 2.1 and 2.2).
+"""Checks for the exercises of *Attention, step by step* (Exercises 2.1, 2.2 and 2.4).
 
 Each check compares a student's function with a written-out reference on seeded random
 inputs. When the answer is wrong, the check also tries the usual mistakes (no scaling,
 mask off by one, softmax over the wrong axis, keys and values swapped, ...) and, if the
-student's result is exactly what one of them gives, names that mistake in the hint.
+student's result is exactly what one of them gives, names that mistake in the hint. The check of
+Exercise 2.2 also watches every tensor the student's function makes (a ``TorchDispatchMode``): a key
+or value copied out to one head per query head (``repeat_interleave``, ``repeat``,
+``expand(...).contiguous()``, an indexing, or a broadcasting ``matmul`` that copies its operand)
+fails, with what was copied and by which operation.
 """
 from __future__ import annotations
 
@@ -12,9 +16,12 @@ from typing import Callable
 
 import torch
 
-from .framework import Case, diagnose, run_check
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["check_one_head_causal_attention", "check_gqa_attention"]
+from .framework import Case, CheckFailed, check_choice, diagnose, run_check
+
+__all__ = ["check_one_head_causal_attention", "check_sliding_window_attention", "check_gqa_attention",
+           "check_which_outputs_change"]
 
 
 # --- references and the usual mistakes, written out --------------------------------------
@@ -107,6 +114,64 @@ def check_one_head_causal_attention(fn: Callable) -> None:
     run_check("Exercise 2.1", fn, cases, hint=hint)
 
 
+# --- Exercise 2.1 (since issue 17): sliding-window attention --------------------------------
+
+def _sliding(q, k, v, window, *, lo_shift=0, causal=True, scale=True):
+    """Reference for Exercise 2.1: query ``i`` sees keys ``j`` with ``i - window < j <= i``.
+    ``lo_shift=-1`` lets it see one key more (``window + 1`` keys); ``causal=False`` drops ``j <= i``."""
+    n = q.shape[-2]
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    allowed = (j > i - window + lo_shift)
+    if causal:
+        allowed &= (j <= i)
+    else:
+        allowed &= (j < i + window)
+    scores = q @ k.transpose(-2, -1)
+    if scale:
+        scores = scores / math.sqrt(q.shape[-1])
+    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v
+
+
+_MISTAKES_SLIDING: list[tuple[str, Callable]] = [
+    ("each query sees window + 1 keys: with the window W, query i sees keys i - W + 1 .. i, itself "
+     "included (W keys), so mask j <= i - W.",
+     lambda q, k, v, w: _sliding(q, k, v, w, lo_shift=-1)),
+    ("each query sees window - 1 keys: query i sees keys i - W + 1 .. i (W keys, itself included).",
+     lambda q, k, v, w: _sliding(q, k, v, w, lo_shift=+1)),
+    ("the window is ignored: that is plain causal attention. Also mask the keys j <= i - window.",
+     lambda q, k, v, w: _sliding(q, k, v, len(q))),
+    ("the window is not causal: it reaches window - 1 tokens ahead too. Mask every key j > i as well.",
+     lambda q, k, v, w: _sliding(q, k, v, w, causal=False)),
+    ("the scores are not scaled: divide q @ k.T by sqrt(head_dim).",
+     lambda q, k, v, w: _sliding(q, k, v, w, scale=False)),
+]
+
+_HINT_SLIDING = ("query i sees exactly the keys j with i - window < j <= i: mask the future (j > i) and the "
+                 "keys that fell out of the window (j <= i - window) with -inf before the softmax; window 1 "
+                 "leaves each token only itself; a window as long as the sequence is plain causal attention.")
+
+
+def _sliding_cases() -> list[Case]:
+    cases = []
+    for name, seed, seq, d, window in [("8 tokens, window 3", 61, 8, 4, 3),
+                                       ("window 1: each token sees only itself", 62, 5, 4, 1),
+                                       ("window longer than the text: plain causal attention", 63, 6, 8, 10),
+                                       ("one token, window 4", 64, 1, 4, 4),
+                                       ("16 tokens, head_dim 16, window 5", 65, 16, 16, 5)]:
+        q, k, v = _qkv(seed, seq, d)
+        cases.append(Case(name, (q, k, v, window), _sliding(q, k, v, window)))
+    return cases
+
+
+def check_sliding_window_attention(fn: Callable) -> None:
+    """Exercise 2.1: ``fn(q, k, v, window)`` for one head, ``(seq, head_dim)`` tensors: query ``i``
+    attends to the keys ``i - window + 1 .. i``."""
+    cases = _sliding_cases()
+    hint = diagnose(fn, cases, _MISTAKES_SLIDING) or _HINT_SLIDING
+    run_check("Exercise 2.1", fn, cases, hint=hint)
+
+
 # --- Exercise 2.2 ----------------------------------------------------------------------------
 
 _HINT_GQA = ("the usual mistakes: query head h must read key/value head h // (heads // kv_heads) "
@@ -152,8 +217,94 @@ def _gqa_cases() -> list[Case]:
     return cases
 
 
+class _CopyWatch(TorchDispatchMode):
+    """Watches every tensor an operation makes: does one hold ``k`` or ``v`` copied out to the size
+    of the query heads (each key/value head ``group`` times, in any layout)?"""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, group: int) -> None:
+        super().__init__()
+        self.group = group
+        self.targets = {name: (t.numel() * group, torch.sort(t.detach().flatten().repeat(group)).values)
+                        for name, t in (("k", k), ("v", v))}
+        self.found: list[tuple[str, str, tuple[int, ...]]] = []      # (k or v, the operation, its shape)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.group > 1:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    self._look(func, t)
+        return out
+
+    def _look(self, func, t: torch.Tensor) -> None:
+        for name, (numel, values) in self.targets.items():
+            if t.numel() != numel or t.untyped_storage().nbytes() < numel * t.element_size():
+                continue                        # another size, or a view that copies nothing (expand)
+            with torch.utils._python_dispatch._disable_current_modes():
+                same = torch.equal(torch.sort(t.detach().flatten()).values, values)
+            if same and not any(f[0] == name for f in self.found):
+                op = getattr(func, "__name__", str(func)).split(".")[0]
+                self.found.append((name, op, tuple(t.shape)))
+
+
+def _no_copies(exercise: str, fn: Callable, cases: list[Case]) -> None:
+    """Fail if ``fn`` makes a tensor holding the keys or values copied out for every query head."""
+    for i, case in enumerate(cases, start=1):
+        q, k, v = (a.clone() for a in case.args)
+        group = q.shape[1] // k.shape[1]
+        if group == 1 or q.shape[2] == 1:     # one token: the output itself is v, once per query head
+            continue
+        watch = _CopyWatch(k, v, group)
+        try:
+            with watch:
+                fn(q, k, v)
+        except Exception:
+            return                                        # run_check reports it
+        if watch.found:
+            what = "; ".join(f"{'the keys k' if n == 'k' else 'the values v'} (shape {tuple(case.args[1 if n == 'k' else 2].shape)}) "
+                             f"were copied to shape {shape} by aten.{op}" for n, op, shape in watch.found)
+            raise CheckFailed(
+                f"{exercise}: case {i} of {len(cases)} ({case.name}): the result may be right, but {what}: "
+                f"every key/value head copied once per query head of its group ({group} copies), which is the "
+                f"memory grouped-query attention is there to save.\n  hint: view the queries as (batch, kv_heads, "
+                f"group, seq, d) and the keys and values as (batch, kv_heads, 1, seq, d) (k[:, :, None]) and let "
+                f"broadcasting pair them; and fold the group into the rows of the queries, (batch, kv_heads, "
+                f"group * seq, d), where a matmul would copy a broadcast operand (torch.matmul copies an "
+                f"expanded operand before it multiplies).")
+
+
 def check_gqa_attention(fn: Callable) -> None:
-    """Exercise 2.2: causal grouped-query attention, ``q`` ``(batch, heads, seq, d)``, ``k, v`` ``(batch, kv_heads, seq, d)``."""
+    """Exercise 2.2: causal grouped-query attention, ``q`` ``(batch, heads, seq, d)``, ``k, v``
+    ``(batch, kv_heads, seq, d)``, without copying a key/value head once per query head."""
     cases = _gqa_cases()
     hint = diagnose(fn, cases, _MISTAKES_GQA) or _HINT_GQA
     run_check("Exercise 2.2", fn, cases, hint=hint)
+    _no_copies("Exercise 2.2", fn, cases)
+    print("  No key or value was copied out to the query heads.")
+
+
+# --- Exercise 2.4: which outputs change? (an experiment) ---------------------------------------
+
+_CHOICES_CHANGE = {
+    "a": (False, "Every query compares itself with every key of the past only: a token at position 5 is a "
+                 "key for positions 5 and later, never for 0 to 4. The experiment's list starts at 5."),
+    "b": (True, "The causal mask gives every earlier position a weight of exactly 0 for key 5, and all the "
+                "layers above see only what the layer below computed at the same or earlier positions, so "
+                "positions 0 to 4 come out the same; from position 5 on everything can change. That is what "
+                "makes the cache possible: what a token computed never depends on what comes after it."),
+    "c": (False, "Position 5 changes, but so do the later ones: each of them attends to the key and value of "
+                 "position 5 (and, from layer 2 on, to outputs that already depend on it)."),
+    "d": (False, "The positions after 5 do change: they attend to position 5. Only the positions before it "
+                 "stay the same."),
+}
+
+
+def check_which_outputs_change(fn: Callable) -> None:
+    """Exercise 2.4: ``fn()`` returns the letter of the prediction (``"a"`` .. ``"d"``)."""
+    if not callable(fn):
+        raise CheckFailed(f"Exercise 2.4: expected a function, got {type(fn).__name__}")
+    try:
+        answer = fn()
+    except NotImplementedError:
+        raise CheckFailed("Exercise 2.4: not written yet — return the letter of your prediction.") from None
+    check_choice("Exercise 2.4", answer, _CHOICES_CHANGE)

@@ -1,4 +1,4 @@
-"""Checks for the exercises of *The KV cache* (Exercises 3.1 and 3.2).
+"""Checks for the exercises of *The KV cache* (Exercises 3.1 to 3.3).
 
 As in :mod:`kvlib.exercises.attention`, a wrong answer that is exactly one of the usual
 mistakes (values and keys swapped, the new token prepended, the RoPE offset forgotten, ...)
@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from .framework import Case, diagnose, run_check
+from .framework import Case, CheckFailed, check_prediction, diagnose, run_check
 
-__all__ = ["check_cached_attention_step", "check_rope_rotate"]
+__all__ = ["check_cached_attention_step", "check_rope_rotate", "check_rope_rotate_qk", "check_cache_prediction"]
 
 
 # --- Exercise 3.1: one cached attention step ---------------------------------------------------
@@ -163,3 +163,111 @@ def check_rope_rotate(fn: Callable) -> None:
     cases = _rope_cases()
     hint = diagnose(fn, cases, _MISTAKES_ROPE) or _HINT_ROPE
     run_check("Exercise 3.2", fn, cases, hint=hint)
+
+
+# --- Exercise 3.2 (since issue 17): the offset that reached only the queries ------------------
+
+def _rope_rotate_qk(q, k, offset, theta=10_000.0, *, q_start=None, k_start=None):
+    """Reference for Exercise 3.2: ``q`` and ``k`` ``(batch, heads, seq, head_dim)`` hold the new tokens at
+    positions ``offset .. offset + seq - 1``; both are rotated as those positions. ``q_start`` and
+    ``k_start`` (the first position each is rotated as) switch in the usual mistakes."""
+    q_start = offset if q_start is None else q_start
+    k_start = offset if k_start is None else k_start
+    return _rope_rotate(q, q_start, theta), _rope_rotate(k, k_start, theta)
+
+
+_MISTAKES_QK: list[tuple[str, Callable]] = [
+    ("the queries are rotated at offset, offset + 1, ..., but the keys at 0, 1, ...: that is the colleague's "
+     "bug, left in. The new keys sit at the same positions as the new queries, and the cache keeps them "
+     "rotated: a key rotated at the wrong position stays wrong for every later step.",
+     lambda q, k, offset, theta=10_000.0: _rope_rotate_qk(q, k, offset, theta, k_start=0)),
+    ("now the keys are rotated at offset, but the queries at 0, 1, ...: both need the offset.",
+     lambda q, k, offset, theta=10_000.0: _rope_rotate_qk(q, k, offset, theta, q_start=0)),
+    ("neither queries nor keys get the offset: the new tokens sit at offset, offset + 1, ...",
+     lambda q, k, offset, theta=10_000.0: _rope_rotate_qk(q, k, offset, theta, q_start=0, k_start=0)),
+    ("the keys get the offset twice (positions 2 * offset, ...): add it once.",
+     lambda q, k, offset, theta=10_000.0: _rope_rotate_qk(q, k, offset, theta, k_start=2 * offset)),
+    ("the queries and keys come back in the wrong order: return (q_rotated, k_rotated).",
+     lambda q, k, offset, theta=10_000.0: _rope_rotate_qk(q, k, offset, theta)[::-1]),
+]
+
+_HINT_QK = ("both the new queries and the new keys sit at positions offset, offset + 1, ...: rotate both "
+            "as those positions (the prefill, offset 0, hides a key rotated at the wrong place).")
+
+
+def _qk_cases() -> list[Case]:
+    cases = []
+    for name, seed, q_shape, k_heads, offset, theta in [
+            ("prefill: 5 tokens at positions 0..4", 71, (1, 4, 5, 8), 2, 0, 10_000.0),
+            ("decode: one token at position 5", 72, (1, 4, 1, 8), 2, 5, 10_000.0),
+            ("a chunk of 3 tokens at positions 4..6, batch 2", 73, (2, 2, 3, 8), 2, 4, 10_000.0),
+            ("one token at position 100, theta 100000 (SmolLM2's)", 74, (1, 3, 1, 16), 1, 100, 100_000.0)]:
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn(*q_shape, generator=g)
+        k = torch.randn(q_shape[0], k_heads, q_shape[2], q_shape[3], generator=g)
+        cases.append(Case(name, (q, k, offset), _rope_rotate_qk(q, k, offset, theta),
+                          kwargs={"theta": theta}, atol=1e-4))
+    return cases
+
+
+def check_rope_rotate_qk(fn: Callable) -> None:
+    """Exercise 3.2: ``fn(q, k, offset, theta=10_000.0) -> (q_rotated, k_rotated)``, both rotated as
+    positions ``offset .. offset + seq - 1``."""
+    cases = _qk_cases()
+    hint = diagnose(fn, cases, _MISTAKES_QK) or _HINT_QK
+    run_check("Exercise 3.2", fn, cases, hint=hint)
+
+
+# --- Exercise 3.3: predict what the cache holds, then look -------------------------------------
+
+_PREDICTION_KEYS = ("pos", "bytes in use", "bytes allocated", "pos after kvlib.generate")
+
+_WHY = {
+    "pos": "the prefill stores every prompt token, and each decode step one more.",
+    "bytes in use": "a key and a value per layer, per key/value head and per position, head_dim numbers "
+                    "of 4 bytes each; the query heads are not cached.",
+    "bytes allocated": "the buffers are allocated for all max_len positions, whatever pos is.",
+    "pos after kvlib.generate": "kvlib.generate(model, prompt, 5) chooses 5 tokens, but the last one is "
+                                "never fed back in: the prefill chooses the first, and only 4 decode steps follow.",
+}
+
+
+def _measure_cache() -> dict[str, int]:
+    """The experiment of Exercise 3.3, on a seeded ``Config.tiny()`` model."""
+    from ..cache import KVCache
+    from ..config import Config
+    from ..generate import generate
+    from ..model import Decoder
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Decoder(Config.tiny()).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
+    cache = KVCache.for_model(model, max_len=64)
+    with torch.no_grad():
+        model(prompt, cache)
+        for token in [1, 2, 3, 4, 5]:
+            model(torch.tensor([[token]]), cache)
+    used = sum(layer.k[:, :, :cache.pos].nbytes + layer.v[:, :, :cache.pos].nbytes for layer in cache.layers)
+    generated = KVCache.for_model(model, max_len=64)
+    generate(model, prompt[0], 5, cache=generated)
+    return {"pos": cache.pos, "bytes in use": used, "bytes allocated": cache.nbytes,
+            "pos after kvlib.generate": generated.pos}
+
+
+def check_cache_prediction(fn: Callable) -> None:
+    """Exercise 3.3: ``fn()`` returns the four predictions, a dict with the keys ``"pos"``,
+    ``"bytes in use"``, ``"bytes allocated"`` and ``"pos after kvlib.generate"``; the check runs the
+    experiment on ``Config.tiny()`` and grades each."""
+    exercise = "Exercise 3.3"
+    if not callable(fn):
+        raise CheckFailed(f"{exercise}: expected a function, got {type(fn).__name__}")
+    try:
+        predicted = fn()
+    except NotImplementedError:
+        raise CheckFailed(f"{exercise}: not written yet — return your four predictions.") from None
+    if not isinstance(predicted, dict) or set(predicted) != set(_PREDICTION_KEYS):
+        raise CheckFailed(f"{exercise}: return a dict with the keys {', '.join(map(repr, _PREDICTION_KEYS))}; "
+                          f"got {predicted!r}"[:400])
+    measured = _measure_cache()
+    for key in _PREDICTION_KEYS:
+        check_prediction(exercise, predicted[key], measured[key], rel_tol=0.01, what=repr(key), why=_WHY[key])
