@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 import kvlib
+import torch
 from kvlib.exercises import CheckFailed, check_predict_step_flops, check_total_flops_ratio
 
 
@@ -139,3 +140,72 @@ def test_typical_ratio_mistakes_are_named(wrong, hint):
 def test_an_approximation_is_not_enough():
     with pytest.raises(CheckFailed, match="case .* is wrong"):
         check_total_flops_ratio(lambda config, n: n / 2 if n > 1 else 1.0)
+
+
+# ------------------------------------------------------------ 4.3: an experiment, predicted and explained
+
+from kvlib.exercises import check_batch_explanation, check_batched_intensity  # noqa: E402
+from kvlib.exercises.quadratic_vs_linear import BATCH_CHOICES, batched_intensity, small_weight_bytes  # noqa: E402
+
+
+def predicted_intensity():                        # the solution cell's arithmetic, without the notebook's names
+    from kvlib.cache import kv_cache_bytes
+    from kvlib.measure.flops import step_flops
+
+    cfg = kvlib.Config.small()
+    return 16 * step_flops(cfg, 512, 1).total / (small_weight_bytes() + 16 * kv_cache_bytes(cfg, 512, 1, torch.float32))
+
+
+def test_the_experiments_reference_passes(capsys):
+    check_batched_intensity(predicted_intensity)
+    check_batched_intensity(3.3)                   # a plain number is taken too
+    check_batch_explanation(lambda: "c")
+    check_batch_explanation(" C ")
+    out = capsys.readouterr().out
+    assert "✓ Exercise 4.3: you predicted 3.259 for the FLOPs per byte" in out
+    assert "✓ Exercise 4.3: (c) is right." in out
+
+
+def test_the_exact_intensity_is_the_notebooks_count():
+    model = kvlib.Decoder(kvlib.Config.small())
+    assert small_weight_bytes() == sum(p.numel() * p.element_size() for p in model.parameters()) == 16_000_000
+    assert batched_intensity() == pytest.approx(16 * 10_092_544 / (16_000_000 + 16 * 2_097_152), rel=1e-12)
+
+
+@pytest.mark.parametrize("predicted, hint", [
+    (16 * 10_092_544 / (16_000_000 + 2_097_152), "every sequence reads its own keys and values"),   # 16 × batch 1
+    (16 * 10_092_544 / 16_000_000, "you left out the caches' bytes"),
+    (10_092_544 / (16_000_000 + 2_097_152), "that is the intensity of one sequence"),
+    (100.0, "the weights once, plus 16 caches"),                                                   # none of them
+])
+def test_wrong_predictions_are_told_why(predicted, hint):
+    with pytest.raises(CheckFailed, match="Exercise 4.3: you predicted .* too (high|low)") as info:
+        check_batched_intensity(lambda: predicted)
+    assert hint in str(info.value)
+
+
+@pytest.mark.parametrize("check", [check_batched_intensity, check_batch_explanation])
+def test_the_experiments_stubs_fail(check):
+    def not_written():
+        raise NotImplementedError("Exercise 4.3: ...")
+
+    with pytest.raises(CheckFailed, match="not written yet"):
+        check(not_written)
+    with pytest.raises(CheckFailed, match="first"):
+        check(lambda: ...)
+    with pytest.raises(CheckFailed, match="raised ZeroDivisionError"):
+        check(lambda: 1 / 0)
+
+
+def test_a_prediction_must_be_a_number():
+    with pytest.raises(CheckFailed, match="should be a number"):
+        check_batched_intensity(lambda: "3.3")
+
+
+@pytest.mark.parametrize("letter", ["a", "b", "d"])
+def test_wrong_explanations_are_told_why(letter):
+    with pytest.raises(CheckFailed, match=rf"\({letter}\) is not it\. ") as info:
+        check_batch_explanation(lambda: letter)
+    assert BATCH_CHOICES[letter][1] in str(info.value)
+    with pytest.raises(CheckFailed, match="should be one of"):
+        check_batch_explanation(lambda: "e")

@@ -181,3 +181,69 @@ def test_floor_instead_of_round_fails():
         return torch.floor(x / torch.where(scale == 0, 1, scale)).to(torch.int8), scale
     with pytest.raises(CheckFailed, match="values differ"):
         check_quantize_int8(wrong)
+
+
+# ------------------------------------------------------------ 6.3: an experiment, predicted and explained
+
+from kvlib.exercises import check_int8_context, check_int8_explanation  # noqa: E402
+from kvlib.exercises.price_of_memory import INT8_CHOICES, int8_context  # noqa: E402
+
+
+def predicted_int8_context():                      # the solution cell of chapters/06_the_price_is_memory.ipynb
+    s = MODEL_SHAPES["SmolLM2-135M"]
+    per_token = 2 * s.n_layers * s.n_kv_heads * (s.head_dim + 4)
+    return (512 * 10**6 - 2 * s.n_params) // (16 * per_token)
+
+
+def test_the_int8_experiments_reference_passes(capsys):
+    check_int8_context(predicted_int8_context)
+    check_int8_context(1_250)                      # a plain number, within 2 %
+    check_int8_explanation(lambda: "d")
+    out = capsys.readouterr().out
+    assert "✓ Exercise 6.3: you predicted 1240 for the longest context" in out
+    assert "✓ Exercise 6.3: (d) is right." in out
+
+
+def test_the_int8_context_is_what_real_buffers_allow():
+    from kvlib import Int8KVCache
+
+    s = MODEL_SHAPES["SmolLM2-135M"]
+    n = int8_context()
+    assert n == predicted_int8_context() == 1240
+    per_token = Int8KVCache(s.n_layers, 16, s.n_kv_heads, 2, s.head_dim).nbytes // 2
+    assert weight_bytes(s.n_params) + per_token * n <= 512 * 10**6 < weight_bytes(s.n_params) + per_token * (n + 1)
+    assert max_context(s.config, s.n_params, 512 * 10**6, 16) == 659
+
+
+@pytest.mark.parametrize("predicted, hint", [
+    (1318, "you left out the scales"),
+    (659, "that is the 16-bit cache"),
+    (19_850, "every conversation has its own cache"),
+    (2614, "the weights take their share first"),
+    (1927, "the weights stay 16-bit"),
+    (1400, "× 16 conversations"),                   # none of them: the general hint
+])
+def test_wrong_int8_predictions_are_told_why(predicted, hint):
+    with pytest.raises(CheckFailed, match="Exercise 6.3: you predicted .* too (high|low)") as info:
+        check_int8_context(lambda: predicted)
+    assert hint in str(info.value)
+
+
+@pytest.mark.parametrize("check", [check_int8_context, check_int8_explanation])
+def test_the_int8_experiments_stubs_fail(check):
+    def not_written():
+        raise NotImplementedError("Exercise 6.3: ...")
+
+    with pytest.raises(CheckFailed, match="not written yet"):
+        check(not_written)
+    with pytest.raises(CheckFailed, match="first"):
+        check(lambda: None)
+    with pytest.raises(CheckFailed, match="raised ZeroDivisionError"):
+        check(lambda: 1 / 0)
+
+
+@pytest.mark.parametrize("letter", ["a", "b", "c"])
+def test_wrong_int8_explanations_are_told_why(letter):
+    with pytest.raises(CheckFailed, match=rf"\({letter}\) is not it\. ") as info:
+        check_int8_explanation(lambda: letter)
+    assert INT8_CHOICES[letter][1] in str(info.value)

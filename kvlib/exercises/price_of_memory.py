@@ -4,6 +4,9 @@ A wrong answer that matches a typical mistake (forgetting the factor 2 for keys 
 values, counting query heads instead of key/value heads, forgetting the batch or the
 weights, a per-tensor instead of a per-token scale, cutting off instead of rounding, ...)
 fails with a hint that names the mistake; any other wrong answer fails with the expected value.
+
+Exercise 6.3 is an experiment: a predicted number of tokens (graded against what the real
+int8 buffers allow, the same on every machine) and a choice among explanations.
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ import torch
 from ..config import Config
 from ..cache.model_shapes import MODEL_SHAPES
 from ..cache.quantized import quantize_int8
-from .framework import MULTI_QUERY, Case, CheckFailed, describe, run_check
+from .framework import MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe, run_check
 
-__all__ = ["check_max_context", "check_quantize_int8"]
+__all__ = ["check_max_context", "check_quantize_int8", "check_int8_context", "check_int8_explanation"]
 
 
 
@@ -209,3 +212,91 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
     run_check(exercise, as_numbers if callable(fn) else fn, cases,
               hint="scale = x.abs().amax(dim=-1, keepdim=True) / 127; q = torch.round(x / scale) as int8 "
                    "(0 where the scale is 0).")
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 6.3: how far does an int8 cache stretch the context? (predict, measure, explain)
+# ---------------------------------------------------------------------------------------
+
+INT8_MEMORY, INT8_BATCH = 512 * 10 ** 6, 16      # SmolLM2-135M, 16-bit weights, 16 conversations in 512 MB
+
+
+def _answer(exercise: str, fn, what: str):
+    """The student's answer: ``fn()`` if it is a function (a stub raises), else ``fn`` itself."""
+    if not callable(fn):
+        return fn
+    try:
+        return fn()
+    except NotImplementedError:
+        raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
+                          f"with {what}.") from None
+    except Exception as e:                                  # show the student's own error, briefly
+        raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
+
+
+def int8_bytes_per_token(config: Config) -> int:
+    """Bytes one token of one sequence adds to a real :class:`kvlib.Int8KVCache` (int8 numbers and
+    their float32 scales), measured on a one-token buffer."""
+    from ..cache.quantized import Int8KVCache
+
+    return Int8KVCache(config.n_layers, 1, config.n_kv_heads, 1, config.head_dim).nbytes
+
+
+def int8_context(memory_bytes: int = INT8_MEMORY, batch: int = INT8_BATCH, *, per_token: int | None = None,
+                 weight_bytes_per_param: int = 2, use_batch: bool = True) -> int:
+    """Longest context per conversation for SmolLM2-135M with 16-bit weights and an int8 cache (the
+    keywords: the typical mistakes)."""
+    shape = MODEL_SHAPES["SmolLM2-135M"]
+    per_token = int8_bytes_per_token(shape.config) if per_token is None else per_token
+    left = memory_bytes - weight_bytes_per_param * shape.n_params
+    return max(0, left // (per_token * (batch if use_batch else 1)))
+
+
+def check_int8_context(fn) -> None:
+    """Exercise 6.3, the prediction: ``fn()`` returns the longest context per conversation at which
+    SmolLM2-135M's 16-bit weights and an int8 cache (with its scales) for 16 conversations fit in
+    512 MB (512 × 10**6 bytes). Passes within 2 %."""
+    exercise = "Exercise 6.3"
+    predicted = _answer(exercise, fn, "your predicted number of tokens")
+    exact = int8_context()
+    cfg = MODEL_SHAPES["SmolLM2-135M"].config
+    numbers = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim          # numbers per token: keys and values
+    known = [
+        (int8_context(per_token=numbers), "you left out the scales: every stored vector of head_dim int8 numbers "
+                                          "has a float32 scale beside it, 4 more bytes per 64."),
+        (int8_context(per_token=2 * numbers), "that is the 16-bit cache (2 bytes a number); int8 stores 1 byte a "
+                                              "number, plus the scales."),
+        (int8_context(use_batch=False), "every conversation has its own cache: the bytes per token are × 16."),
+        (int8_context(weight_bytes_per_param=0), "the weights take their share first: 2 bytes × n_params, "
+                                                 "16-bit whatever the cache stores."),
+        (int8_context(weight_bytes_per_param=1), "only the cache is int8 here; the weights stay 16-bit, "
+                                                 "2 bytes a parameter."),
+    ]
+    why = ("bytes per token: 2 (keys and values) × layers × kv heads × (head_dim one-byte numbers + one 4-byte "
+           "scale), × 16 conversations; what is left after 2 × n_params bytes of weights, divided by that.")
+    if isinstance(predicted, (int, float)) and not isinstance(predicted, bool):
+        for value, sentence in known:
+            if abs(predicted - value) <= 0.01 * value and abs(predicted - exact) > 0.02 * exact:
+                why = sentence
+                break
+    check_prediction(exercise, predicted, exact, rel_tol=0.02, what="the longest context with an int8 cache "
+                     "(tokens per conversation)", why=why)
+
+
+INT8_CHOICES = {
+    "a": (False, "A torch.int8 number takes exactly one byte (element_size() is 1), half a 16-bit number's two."),
+    "b": (False, "The weights are the same 16-bit weights in both cases: they take the same share of the memory "
+                 "before the cache gets any."),
+    "c": (False, "Rounding down to whole tokens loses less than one token per conversation: not 6 % of a "
+                 "thousand tokens."),
+    "d": (True, "Each vector of head_dim = 64 one-byte numbers carries a 4-byte float32 scale: 68 bytes where "
+                "16 bits take 128, so the context grows 128 / 68, about 1.88 times, not 2. With the weights "
+                "the same either way, the contexts are in the inverse ratio of the bytes per token."),
+}
+
+
+def check_int8_explanation(fn) -> None:
+    """Exercise 6.3, the explanation: ``fn()`` returns the letter of the reason the int8 cache
+    gives less than twice the 16-bit cache's context."""
+    exercise = "Exercise 6.3"
+    check_choice(exercise, _answer(exercise, fn, "the letter you choose"), INT8_CHOICES)

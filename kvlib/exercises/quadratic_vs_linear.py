@@ -3,6 +3,9 @@
 A wrong answer that matches a typical mistake (forgetting the projections and MLP,
 counting attention as ``n`` instead of ``n²``, an off-by-one context, ...) fails with a
 hint that names the mistake; any other wrong answer fails with the expected value.
+
+Exercise 4.3 is an experiment: a predicted number (graded against the exact count, which is
+the same on every machine) and a choice among explanations.
 """
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ from typing import Callable
 from ..config import Config
 from ..measure.flops import (attention_flops_per_pair, generation_ratio, linear_flops_per_token, output_flops_per_row,
                      step_flops)
-from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, describe, run_check
+from .framework import (MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe,
+                        run_check)
 
-__all__ = ["check_predict_step_flops", "check_total_flops_ratio"]
+__all__ = ["check_predict_step_flops", "check_total_flops_ratio", "check_batched_intensity",
+           "check_batch_explanation"]
 
 
 
@@ -170,3 +175,94 @@ def check_total_flops_ratio(fn: Callable[[Config, int], float]) -> None:
     _diagnose(exercise, fn, cases, _ratio_mistakes)
     run_check(exercise, fn, cases,
               hint="add up the exact cost of each step (contexts 1 … n) both ways, then divide the totals.")
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 4.3: batch the cached step (an experiment: predict, measure, explain)
+# ---------------------------------------------------------------------------------------
+
+BATCH, CONTEXT = 16, 512          # the experiment: a cached step of Config.small() for 16 sequences at 512 tokens
+
+
+def _answer(exercise: str, fn, what: str):
+    """The student's answer: ``fn()`` if it is a function (a stub raises), else ``fn`` itself."""
+    if not callable(fn):
+        return fn
+    try:
+        return fn()
+    except NotImplementedError:
+        raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
+                          f"with {what}.") from None
+    except Exception as e:                                  # show the student's own error, briefly
+        raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
+
+
+def small_weight_bytes() -> int:
+    """Bytes of the float32 weights of a ``Decoder(Config.small())`` (built on the meta device:
+    no memory, no random numbers drawn)."""
+    import torch
+
+    from ..model import Decoder
+
+    with torch.device("meta"):
+        model = Decoder(Config.small())
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def batched_intensity(batch: int = BATCH, context: int = CONTEXT, *, own_caches: bool = True,
+                      caches: bool = True) -> float:
+    """FLOPs per byte read of one cached step of ``Config.small()`` (float32) for ``batch``
+    sequences at ``context`` tokens: ``batch`` rows of arithmetic over the weights, read once,
+    and every sequence's own keys and values (the typical mistakes as keywords)."""
+    from ..cache.sizes import kv_cache_bytes
+
+    cfg = Config.small()
+    flops = batch * step_flops(cfg, context, 1).total
+    cache = kv_cache_bytes(cfg, context, batch if own_caches else 1, 4) if caches else 0
+    return flops / (small_weight_bytes() + cache)
+
+
+def check_batched_intensity(fn) -> None:
+    """Exercise 4.3, the prediction: ``fn()`` returns the FLOPs per byte read of one cached step of
+    ``Config.small()`` for 16 sequences at 512 tokens (float32). Passes within 15 %."""
+    exercise = "Exercise 4.3"
+    predicted = _answer(exercise, fn, "your predicted number")
+    exact = batched_intensity()
+    what = f"the FLOPs per byte of a cached step for {BATCH} sequences at {CONTEXT:,} tokens"
+    known = [
+        (BATCH * batched_intensity(1), "16 × the batch-1 intensity assumes the bytes stay the same: the weights "
+                                       "are read once for the batch, but every sequence reads its own keys and values."),
+        (batched_intensity(caches=False), "you left out the caches' bytes: a cached step reads every stored key "
+                                          "and value as well as the weights."),
+        (batched_intensity(own_caches=False), "the 16 sequences do not share a cache: each has its own 512 keys "
+                                              "and values per layer, 16 × the cache of one."),
+        (batched_intensity(1), "that is the intensity of one sequence: with 16 the arithmetic is 16 times as much."),
+    ]
+    why = ("FLOPs: 16 × one cached step at 512 tokens; bytes: the weights once, plus 16 caches of 512 tokens "
+           "(float32, 4 bytes a number).")
+    if isinstance(predicted, (int, float)) and not isinstance(predicted, bool):
+        for value, sentence in known:
+            if abs(predicted - value) <= 0.05 * abs(value) and abs(predicted - exact) > 0.15 * exact:
+                why = sentence
+                break
+    check_prediction(exercise, predicted, exact, rel_tol=0.15, what=what, why=why)
+
+
+BATCH_CHOICES = {
+    "a": (False, "A generation step asks for the logits of the last position only, one row per sequence "
+                 "(last_only=True): the output layer costs 16 rows at batch 16, in step with the batch."),
+    "b": (False, "Each sequence's query meets only its own keys: attention's arithmetic grows in step with "
+                 "the batch, not with its square. The FLOPs are exactly 16 times batch 1's."),
+    "c": (True, "The weights are read once per step, whatever the batch, so their bytes are shared by 16 rows "
+                "of arithmetic; but every sequence has its own keys and values, and at 512 tokens the 16 caches "
+                "(32 MiB) already outweigh the weights (15.3 MiB). Batching shares the weights, not the cache."),
+    "d": (False, "FLOPs per byte is counted, not measured: it does not depend on how fast this machine "
+                 "computes. The counted FLOPs are exactly 16 times batch 1's."),
+}
+
+
+def check_batch_explanation(fn) -> None:
+    """Exercise 4.3, the explanation: ``fn()`` returns the letter of the reason the intensity grows
+    far less than 16 times from batch 1 to batch 16."""
+    exercise = "Exercise 4.3"
+    check_choice(exercise, _answer(exercise, fn, "the letter you choose"), BATCH_CHOICES)
