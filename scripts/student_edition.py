@@ -654,7 +654,8 @@ def solution_fragments(root: Path = ROOT, min_len: int = 12) -> dict[str, list[s
         for block in report.solution_code + report.solution_text:
             for line in block.splitlines():
                 s = line.strip()
-                if len(s) >= min_len and s not in visible and s not in fragments:
+                if (len(s) >= min_len and s not in visible and s not in fragments
+                        and not re.match(r"^:[a-z-]+:( |$)", s)):     # ":class: dropdown": markup, not content
                     fragments.append(s)
         out[path.name] = fragments
     return out

@@ -84,6 +84,10 @@ def _solutions(path: Path):
     return code, text, stubs, visible
 
 
+# A directive's option line (":class: dropdown") is markup that hints share with solutions, not a solution's content.
+_DIRECTIVE_OPTION = re.compile(r"^:[a-z-]+:( |$)")
+
+
 def _fragments(path: Path) -> list[str]:
     code, text, stubs, visible = _solutions(path)
     seen = "\n".join(visible + stubs)
@@ -91,7 +95,7 @@ def _fragments(path: Path) -> list[str]:
     for block in code + ["\n".join(text)]:
         for line in block.splitlines():
             s = line.strip()
-            if len(s) >= MIN_LEN and s not in seen:
+            if len(s) >= MIN_LEN and s not in seen and not _DIRECTIVE_OPTION.match(s):
                 out.append(s)
     return out
 
