@@ -105,7 +105,9 @@ def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *
     clock = clock or time.perf_counter
     n_seq, chunk = len(prompts), 512
     params = lc.llama_context_default_params()
-    params.n_ctx = sum(len(p) + n_new for p in prompts)
+    # llama.cpp splits the context evenly among the sequences, in whole blocks of 256 cells
+    per_sequence = -(-(max(len(p) for p in prompts) + n_new) // 256) * 256
+    params.n_ctx = per_sequence * n_seq
     params.n_batch = params.n_ubatch = chunk
     params.n_seq_max = n_seq
     params.kv_unified = False
