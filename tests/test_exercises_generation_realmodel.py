@@ -1,5 +1,7 @@
-"""The checks of Exercises 1.1, 1.3 (the generation loop) and 5.1 (the size of the cache):
-the reference passes, stubs fail, and the usual mistakes fail with the message that names them."""
+"""The checks of section 1 (the generation loop: 1.1 stop at a token, 1.2 tokens fed, 1.3 ragged
+prompts) and section 5 (5.1 the predicted speed-up, 5.2 its
+limit, and the former 5.1, the size of the cache): the reference passes, stubs fail, and the
+usual mistakes fail with the message that names them."""
 from __future__ import annotations
 
 import pytest
@@ -19,8 +21,9 @@ def _not_written(*args, **kwargs):
 
 
 def test_checks_are_found_by_name():
-    assert {"check_greedy_uncached", "check_greedy_batch", "check_kv_cache_bytes"} <= set(ex.all_checks())
-    assert ex.check_greedy_uncached is gen.check_greedy_uncached
+    assert {"check_greedy_until", "check_tokens_fed", "check_greedy_ragged",
+            "check_kv_cache_bytes"} <= set(ex.all_checks())
+    assert ex.check_greedy_until is gen.check_greedy_until
     assert ex.check_kv_cache_bytes is rm.check_kv_cache_bytes
 
 
@@ -35,26 +38,18 @@ def greedy_uncached(model, prompt_ids, n_new):
     return text[len(prompt_ids):]
 
 
-def greedy_batch(model, prompts, n_new):
-    ids = torch.tensor(prompts)
-    with torch.no_grad():
-        for _ in range(n_new):
-            logits = model(ids)
-            ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-    return ids[:, len(prompts[0]):].tolist()
-
-
 def kv_cache_bytes(config, seq_len, batch=1, bytes_per_number=4):
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_number * seq_len * batch
 
 
 # --- the references agree with kvlib -------------------------------------------------------------
 
-def test_loop_reference_is_kvlib_generate_without_cache():
-    for case in gen._loop_cases():
-        model, prompt, n_new = case.args
-        assert case.expected == kvlib.generate(model, prompt, n_new, use_cache=False)
-        assert case.expected == kvlib.generate(model, prompt, n_new, use_cache=True)
+def test_until_reference_is_kvlib_generate_cut_at_the_stop_token():
+    for case in gen._until_cases():
+        model, prompt, max_new, stop = case.args
+        for use_cache in (False, True):
+            free = kvlib.generate(model, prompt, max_new, use_cache=use_cache)
+            assert case.expected == (free[:free.index(stop) + 1] if stop in free else free)
 
 
 def _smallest_margin(model, prompts, n_new) -> float:
@@ -69,30 +64,29 @@ def _smallest_margin(model, prompts, n_new) -> float:
     return gap
 
 
-def _agrees_with_generate(case) -> bool:
-    """The batched reference equals ``kvlib.generate`` run on each prompt alone."""
-    model, prompts, n_new = case.args
-    return all(kvlib.generate(model, p, n_new, use_cache=False) == row for p, row in zip(prompts, case.expected))
-
-
-def test_batch_reference_is_each_prompt_alone_and_far_from_ties():
-    # batched and one-at-a-time arithmetic round differently; the cases are chosen so that no
+def test_reference_cases_are_far_from_ties():
+    # another loop (a padded batch, a cache) rounds differently; the cases are chosen so that no
     # step is anywhere near a tie, and any correct loop gives the same tokens
-    for case in gen._batch_cases():
-        assert _agrees_with_generate(case)
-        assert _smallest_margin(*case.args) > 1e-3
-    for case in gen._loop_cases():
+    for case in gen._until_cases():
         if case.args[2]:
             assert _smallest_margin(case.args[0], [case.args[1]], case.args[2]) > 1e-3
+    for case in gen._ragged_cases():
+        model, prompts, n_new = case.args
+        for p in prompts:
+            assert _smallest_margin(model, [p], n_new) > 1e-3
+        assert gen._greedy_padded(model, prompts, n_new, side="left", mask=True) == case.expected
+        assert all(kvlib.generate(model, p, n_new, use_cache=False) == row for p, row in zip(prompts, case.expected))
 
 
 def test_cases_are_not_degenerate():
     """A constant answer would let a loop that never appends the token pass: the outputs vary."""
-    for case in gen._loop_cases():
+    for case in gen._until_cases():
         if len(case.expected) > 1:
             assert len(set(case.expected)) > 1, case.name
-    for case in gen._batch_cases():
+    for case in gen._ragged_cases():
         assert len({tuple(row) for row in case.expected}) == len(case.expected), case.name
+        if len(case.args[1]) > 1:
+            assert len({len(p) for p in case.args[1]}) > 1 or "same length" in case.name, case.name
 
 
 def test_kv_reference_agrees_with_kvlib_cache():
@@ -107,147 +101,11 @@ def test_check_models_leave_the_global_random_state_alone():
     torch.manual_seed(123)
     before = torch.rand(3)
     torch.manual_seed(123)
-    gen._loop_cases()
+    gen._until_cases()
     assert torch.equal(torch.rand(3), before)
 
 
-# --- Exercise 1.1 --------------------------------------------------------------------------------
-
-def test_loop_reference_passes(capsys):
-    gen.check_greedy_uncached(greedy_uncached)
-    gen.check_greedy_uncached(gen._greedy_uncached)
-    out = capsys.readouterr().out
-    assert "✓ Exercise 1.1: all 6 cases pass" in out
-
-
-def test_loop_returning_a_tensor_passes(capsys):
-    gen.check_greedy_uncached(lambda m, p, n: torch.tensor(greedy_uncached(m, p, n), dtype=torch.long))
-    assert "✓ Exercise 1.1" in capsys.readouterr().out
-
-
-def test_loop_that_changes_the_callers_list_is_fine(capsys):
-    def student(model, prompt_ids, n_new):
-        start = len(prompt_ids)
-        for _ in range(n_new):
-            prompt_ids.append(int(model(torch.tensor([prompt_ids]))[0, -1].argmax()))
-        return prompt_ids[start:]
-    gen.check_greedy_uncached(student)
-    assert "✓ Exercise 1.1" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("stub, match", [
-    (lambda m, p, n: [0] * n, r"case 1 of 6 .* is wrong: new token 0: expected 6, got 0"),
-    (lambda m, p, n: list(p), r"case 1 of 6 .* is wrong: expected 6 token ids"),
-    (lambda m, p, n: [], r"case 1 of 6 .* is wrong: expected 6 token ids"),
-    (lambda m, p, n: None, r"case 1 of 6 .* expected 6 token ids .* got None"),
-    (_not_written, NOT_WRITTEN),
-    (42, "expected a function"),
-])
-def test_loop_stubs_fail(stub, match):
-    with pytest.raises(CheckFailed, match=match):
-        gen.check_greedy_uncached(stub)
-
-
-@pytest.mark.parametrize("wrong, match", [
-    (dict(keep_prompt=True), r"expected 6 token ids [\s\S]*the prompt is returned too"),
-    (dict(position=0), r"new token 0: [\s\S]*scores of the first position"),
-    (dict(append=False), r"never appended"),
-    (dict(feed_last_only=True), r"only the last token goes into the model"),
-    (dict(steps_shift=-1), r"one token too few"),
-    (dict(steps_shift=+1), r"one token too many"),
-])
-def test_loop_usual_mistakes_are_named(wrong, match):
-    with pytest.raises(CheckFailed, match=r"Exercise 1.1: case \d of 6 [\s\S]*" + match):
-        gen.check_greedy_uncached(lambda m, p, n: gen._greedy(m, p, n, **wrong))
-
-
-def test_loop_with_a_cache_is_caught_by_what_goes_into_the_model():
-    # the right tokens, but through kvlib's cache: one token per step after the prompt
-    with pytest.raises(CheckFailed, match=r"the tokens are right, but the model was called 6 times, with token "
-                                          r"ids of shape \(1, 5\), \(1, 1\), [\s\S]*\(1, 5\), \(1, 6\), \(1, 7\)"):
-        gen.check_greedy_uncached(lambda m, p, n: kvlib.generate(m, p, n, use_cache=True))
-
-
-def test_loop_with_an_extra_model_call_is_caught():
-    def student(model, prompt_ids, n_new):
-        out = greedy_uncached(model, prompt_ids, n_new)
-        model(torch.tensor([list(prompt_ids) + out]))           # one more pass, for nothing
-        return out
-    with pytest.raises(CheckFailed, match=r"called 7 times"):
-        gen.check_greedy_uncached(student)
-
-
-def test_loop_student_error_is_reported_briefly():
-    with pytest.raises(CheckFailed, match=r"case 1 of 6 .* raised (TypeError|ValueError|RuntimeError)"):
-        gen.check_greedy_uncached(lambda m, p, n: [int(m(torch.tensor(p))[-1].argmax())] * n)   # 1-D ids
-    with pytest.raises(CheckFailed, match=r"raised ZeroDivisionError: division by zero\n  input: "
-                                          r"\(<random decoder, Config.tiny\(\)"):
-        gen.check_greedy_uncached(lambda m, p, n: 1 / 0)
-
-
-def test_loop_unknown_mistake_gets_the_general_hint():
-    with pytest.raises(CheckFailed, match=r"hint: the usual mistakes"):
-        gen.check_greedy_uncached(lambda m, p, n: [(t + 1) % m.config.vocab_size for t in greedy_uncached(m, p, n)])
-
-
-# --- Exercise 1.3 --------------------------------------------------------------------------------
-
-def test_batch_reference_passes(capsys):
-    gen.check_greedy_batch(greedy_batch)
-    gen.check_greedy_batch(lambda m, ps, n: torch.tensor(greedy_batch(m, ps, n)))
-    assert capsys.readouterr().out.count("✓ Exercise 1.3: all 6 cases pass") == 2
-
-
-@pytest.mark.parametrize("stub, match", [
-    (lambda m, ps, n: [[0] * n for _ in ps], r"case 1 of 6 .* is wrong: prompt 0, new token 0: expected 48, got 0"),
-    (lambda m, ps, n: ps, r"case 1 of 6 .* is wrong: prompt 0: expected 5 token ids \(48, 46, 8, 15, 45\), got \(54, 60"),
-    (lambda m, ps, n: [greedy_uncached(m, ps[0], n)], r"expected 3 lists, one per prompt"),
-    (_not_written, NOT_WRITTEN),
-])
-def test_batch_stubs_fail(stub, match):
-    with pytest.raises(CheckFailed, match=match):
-        gen.check_greedy_batch(stub)
-
-
-@pytest.mark.parametrize("wrong, match", [
-    (dict(per_row=False), r"prompt 1, new token 0: [\s\S]*every prompt gets the token chosen for the first one"),
-    (dict(transpose=True), r"expected 3 lists, one per prompt[\s\S]*one list per step"),
-    (dict(keep_prompt=True), r"prompt 0: expected 5 token ids[\s\S]*prompts are returned too"),
-    (dict(position=0), r"scores of the first position"),
-])
-def test_batch_usual_mistakes_are_named(wrong, match):
-    with pytest.raises(CheckFailed, match=r"Exercise 1.3: case \d of 6 [\s\S]*" + match):
-        gen.check_greedy_batch(lambda m, ps, n: gen._greedy_batch(m, ps, n, **wrong))
-
-
-def test_batch_one_prompt_at_a_time_is_caught():
-    with pytest.raises(CheckFailed, match=r"the tokens are right, but the model was called 15 times[\s\S]*"
-                                          r"calls it 5 times, with shape \(3, 4\), \(3, 5\)"):
-        gen.check_greedy_batch(lambda m, ps, n: [greedy_uncached(m, p, n) for p in ps])
-
-
-def test_batch_argmax_over_everything_fails_with_its_error():
-    def student(model, prompts, n_new):
-        ids = torch.tensor(prompts)
-        for _ in range(n_new):
-            nxt = model(ids)[:, -1].argmax()                      # one id for the whole batch
-            ids = torch.cat([ids, nxt.expand(len(prompts), 1)], dim=1)
-        return ids[:, len(prompts[0]):].tolist()
-    with pytest.raises(CheckFailed, match=r"Exercise 1.3: case 1 of 6 .*(raised|is wrong)"):
-        gen.check_greedy_batch(student)
-
-
-def test_batch_new_tokens_on_the_wrong_dimension_fail_with_their_error():
-    def student(model, prompts, n_new):
-        ids = torch.tensor(prompts)
-        for _ in range(n_new):
-            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=0)
-        return ids.tolist()
-    with pytest.raises(CheckFailed, match=r"case 1 of 6 .* raised RuntimeError"):
-        gen.check_greedy_batch(student)
-
-
-# --- Exercise 5.1 --------------------------------------------------------------------------------
+# --- the former Exercise 5.1 (the bytes of a cache), kept as a check --------------------------------------------------------------------------------
 
 def test_kv_reference_passes(capsys):
     rm.check_kv_cache_bytes(kv_cache_bytes)
@@ -315,3 +173,132 @@ def test_kv_check_never_loads_the_model(monkeypatch):
         raise AssertionError("the check must not load the real model")
     monkeypatch.setattr(kvlib, "load_smollm2", no_model, raising=False)
     rm.check_kv_cache_bytes(kv_cache_bytes)
+
+
+# --- Exercise 1.1: stop at a token ----------------------------------------------------------------
+
+def greedy_until(model, prompt_ids, max_new, stop_id):
+    text = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(max_new):
+            token = int(model(torch.tensor([text]))[0, -1].argmax())
+            text.append(token)
+            if token == stop_id:
+                break
+    return text[len(prompt_ids):]
+
+
+def test_until_reference_passes(capsys):
+    gen.check_greedy_until(greedy_until)
+    gen.check_greedy_until(lambda m, p, n, s: gen._greedy_until(m, p, n, s))
+    assert capsys.readouterr().out.count("✓ Exercise 1.1: all 6 cases pass") == 2
+
+
+def test_until_cases_stop_where_their_names_say():
+    stops = [len(c.expected) for c in gen._until_cases()]
+    assert stops == [4, 1, 7, 6, 6, 0]
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (dict(include=False), r"the stop token is left out"),
+    (dict(ignore=True), r"never stops at stop_id"),
+    (dict(late=True), r"one token too many after the stop token"),
+])
+def test_until_usual_mistakes_are_named(wrong, match):
+    with pytest.raises(CheckFailed, match=r"Exercise 1.1: case 1 of 6 [\s\S]*hint: this looks like a known slip: [^\n]*" + match):
+        gen.check_greedy_until(lambda m, p, n, s: gen._greedy_until(m, p, n, s, **wrong))
+
+
+def test_until_prompt_returned_too_is_named():
+    with pytest.raises(CheckFailed, match=r"the prompt is returned too"):
+        gen.check_greedy_until(lambda m, p, n, s: list(p) + greedy_until(m, p, n, s))
+
+
+def test_until_with_the_cache_or_an_extra_call_is_caught():
+    def cached(model, prompt_ids, max_new, stop_id):
+        out = []
+        for t in kvlib.generate(model, prompt_ids, max_new, use_cache=True):
+            out.append(t)
+            if t == stop_id:
+                break
+        return out
+    with pytest.raises(CheckFailed, match=r"the tokens are right, but the model was called 10 times"):
+        gen.check_greedy_until(cached)
+
+
+@pytest.mark.parametrize("stub, match", [(_not_written, NOT_WRITTEN), (lambda m, p, n, s: [], r"expected 4 token ids"),
+                                         (None, "expected a function")])
+def test_until_stubs_fail(stub, match):
+    with pytest.raises(CheckFailed, match=match):
+        gen.check_greedy_until(stub)
+
+
+# --- Exercise 1.2: tokens fed, predicted and counted -------------------------------------------------
+
+def tokens_fed(p, n, use_cache):
+    return p + n - 1 if use_cache else n * p + n * (n - 1) // 2
+
+
+def test_tokens_fed_reference_passes_and_grades_the_ratio(capsys):
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    without = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=False, return_records=True)
+    with_ = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=True, return_records=True)
+    gen.check_tokens_fed(tokens_fed, without.records, with_.records)
+    gen.check_tokens_fed(lambda p, n, c: float(tokens_fed(p, n, c)))
+    out = capsys.readouterr().out
+    assert out.count("✓ Exercise 1.2: all 8 cases pass") == 2
+    assert "you predicted 18.24 for the ratio of tokens fed without and with the cache (p = 8, n = 30)" in out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda p, n, c: p + n - 1 if c else n * p, r"only the prompt is counted at every step"),
+    (lambda p, n, c: p + n - 1 if c else n * p + n * (n + 1) // 2, r"one step too many is counted"),
+    (lambda p, n, c: p + n if c else tokens_fed(p, n, c), r"the last new token is counted as fed"),
+    (lambda p, n, c: n - 1 if c else tokens_fed(p, n, c), r"the prompt is left out"),
+])
+def test_tokens_fed_usual_mistakes_are_named(wrong, match):
+    with pytest.raises(CheckFailed, match=r"Exercise 1.2: case \d of 8 [\s\S]*known slip: [^\n]*" + match):
+        gen.check_tokens_fed(wrong)
+
+
+def test_tokens_fed_stub_and_unknown_mistake_fail():
+    with pytest.raises(CheckFailed, match=NOT_WRITTEN):
+        gen.check_tokens_fed(_not_written)
+    with pytest.raises(CheckFailed, match=r"hint: step t \(t = 0 .. n - 1\)"):
+        gen.check_tokens_fed(lambda p, n, c: 2 * tokens_fed(p, n, c))
+
+
+# --- Exercise 1.3: prompts of different lengths ------------------------------------------------------
+
+def greedy_ragged_one_by_one(model, prompts, n_new):
+    return [greedy_uncached(model, p, n_new) for p in prompts]
+
+
+def test_ragged_per_row_and_padded_solutions_pass(capsys):
+    gen.check_greedy_ragged(greedy_ragged_one_by_one)
+    gen.check_greedy_ragged(lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left", mask=True))
+    gen.check_greedy_ragged(lambda m, ps, n: torch.tensor(gen._greedy_padded(m, ps, n, side="left", mask=True)))
+    assert capsys.readouterr().out.count("✓ Exercise 1.3: all 6 cases pass") == 3
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="right"), r"padded at the end and the batch's last column"),
+    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left"), r"padded on the left, but the padding is not masked"),
+    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left", mask=True, keep_prompt=True),
+     r"the prompts are returned too"),
+])
+def test_ragged_usual_mistakes_are_named(wrong, match):
+    with pytest.raises(CheckFailed, match=r"Exercise 1.3: case 1 of 6 [\s\S]*known slip: [^\n]*" + match):
+        gen.check_greedy_ragged(wrong)
+
+
+def test_ragged_equal_length_assumption_fails_with_its_error():
+    with pytest.raises(CheckFailed, match=r"Exercise 1.3: case 1 of 6 .* raised (ValueError|TypeError|RuntimeError)"):
+        gen.check_greedy_ragged(lambda m, ps, n: m(torch.tensor(ps)))
+
+
+@pytest.mark.parametrize("stub, match", [(_not_written, NOT_WRITTEN),
+                                         (lambda m, ps, n: [greedy_uncached(m, ps[0], n)], r"expected 3 lists, one per prompt")])
+def test_ragged_stubs_fail(stub, match):
+    with pytest.raises(CheckFailed, match=match):
+        gen.check_greedy_ragged(stub)

@@ -1,13 +1,14 @@
-"""Checks for the exercises of *One token at a time* (Exercises 1.1 and 1.3): the generation loop.
+"""Checks for the exercises of *One token at a time* (Exercises 1.1 to 1.3): the generation loop.
 
 The student's loop runs on small seeded random models (``kvlib.Decoder`` with tiny shapes,
 grouped-query and multi-head attention) and must choose exactly the tokens the reference
-greedy loop chooses. A wrong answer that is exactly one of the usual slips (the prompt
-returned too, the scores of the first position used, the chosen token never appended, one
-step too few, ...) is named in the hint. Both checks also watch what goes into the model:
-Exercise 1.1 asks for the loop *without* a cache, which feeds the whole text at every step,
-and Exercise 1.3 for one call per step on the whole batch, so the right tokens reached
-another way (through a cache, one prompt at a time) do not pass.
+greedy loop chooses. A wrong answer that is exactly one of the usual slips (the stop token
+left out, padding on the wrong side or unmasked, the prompt returned too, ...) is named in the
+hint. The check of Exercise 1.1 also watches what goes into the model: the loop *without* a
+cache feeds the whole text at every step, and nothing after the stop token. Exercise 1.2's
+check counts the tokens that ``kvlib.generate`` feeds (its records), against the student's
+closed forms; Exercise 1.3 (prompts of different lengths) accepts a loop per prompt or one
+padded batch.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ..config import Config
 from ..model import Decoder
 from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, diagnose, run_check
 
-__all__ = ["check_greedy_uncached", "check_greedy_batch"]
+__all__ = ["check_greedy_until", "check_tokens_fed", "check_greedy_ragged"]
 
 
 class _CheckModel(Decoder):
@@ -65,7 +66,7 @@ def _prompt(seed: int, length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-# --- Exercise 1.1: the uncached greedy loop ----------------------------------------------------
+# --- the uncached greedy loop, the reference of every check here ---------------------------------
 
 @torch.no_grad()
 def _greedy(model, prompt_ids, n_new, *, position=-1, append=True, feed_last_only=False,
@@ -86,30 +87,6 @@ def _greedy(model, prompt_ids, n_new, *, position=-1, append=True, feed_last_onl
 def _greedy_uncached(model, prompt_ids, n_new):
     """Reference for Exercise 1.1: ``n_new`` greedy tokens after ``prompt_ids``, without a cache."""
     return _greedy(model, prompt_ids, n_new)
-
-
-_MISTAKES_LOOP: list[tuple[str, Callable]] = [
-    ("the prompt is returned too. Return only the n_new tokens the loop wrote.",
-     lambda m, p, n: _greedy(m, p, n, keep_prompt=True)),
-    ("the next token is read from the scores of the first position. The scores for what comes "
-     "next are at the last position: logits[0, -1].",
-     lambda m, p, n: _greedy(m, p, n, position=0)),
-    ("the chosen token is never appended to the text, so every step sees the same input and "
-     "picks the same token. Append it before the next step.",
-     lambda m, p, n: _greedy(m, p, n, append=False)),
-    ("only the last token goes into the model at each step. Without a cache the model knows "
-     "nothing of the earlier tokens: feed the whole text so far, every step.",
-     lambda m, p, n: _greedy(m, p, n, feed_last_only=True)),
-    ("one token too few: the loop must run n_new steps, one per new token.",
-     lambda m, p, n: _greedy(m, p, n, steps_shift=-1) if n > 0 else None),
-    ("one token too many: the loop must run n_new steps, one per new token.",
-     lambda m, p, n: _greedy(m, p, n, steps_shift=+1)),
-]
-
-_HINT_LOOP = ("the usual mistakes: returning the prompt as well as the new tokens; reading the scores "
-              "of the first position instead of the last (logits[0, -1]); forgetting to append the "
-              "chosen token; feeding only the newest token (without a cache the model needs the whole "
-              "text every step); running n_new - 1 or n_new + 1 steps.")
 
 
 def _run(exercise: str, fn: Callable, cases: list[Case], hint: str) -> None:
@@ -146,23 +123,6 @@ def _as_token_list(result):
                 return result                      # left as it is: the check says what it expected
         return out
     return result
-
-
-def _loop_cases() -> list[Case]:
-    specs = [
-        ("5-token prompt, 6 new tokens", _TINY, 30, 5, 6),
-        ("one-token prompt, 8 new tokens", _TINY, 31, 1, 8),
-        ("one new token", _TINY, 3, 7, 1),
-        ("no new tokens", _TINY, 4, 4, 0),
-        ("multi-head model, 3-token prompt, 10 new tokens", MULTI_HEAD, 26, 3, 10),
-        ("multi-query model with 3 layers, 12-token prompt, 7 new tokens", MULTI_QUERY, 22, 12, 7),
-    ]
-    cases = []
-    for name, config, seed, prompt_len, n_new in specs:
-        model = _model(config, seed)
-        prompt = _prompt(100 + seed, prompt_len, config.vocab_size)
-        cases.append(Case(name, (model, prompt, n_new), _greedy_uncached(model, prompt, n_new)))
-    return cases
 
 
 def _calls_of(fn: Callable, model: torch.nn.Module, *args):
@@ -203,64 +163,150 @@ def _check_calls(exercise: str, fn: Callable, cases: list[Case], expected_shapes
                 f"asks for calls it {len(expected)} times, with shape {show(expected)}.\n  hint: {advice}")
 
 
-def check_greedy_uncached(fn: Callable) -> None:
-    """Exercise 1.1: ``fn(model, prompt_ids, n_new)`` returns the ``n_new`` greedy token ids
-    (a list of ints) that follow ``prompt_ids``, running the model on the whole text every step."""
-    with _one_thread():
-        _check_loop(fn)
-
-
-def _check_loop(fn: Callable) -> None:
-    exercise = "Exercise 1.1"
-    cases = _loop_cases()
-    wrapped = (lambda model, prompt, n_new: _as_token_list(fn(model, list(prompt), n_new))) if callable(fn) else fn
-    if callable(fn):
-        _check_calls(exercise, wrapped, cases,
-                     lambda case: [(1, len(case.args[1]) + t) for t in range(case.args[2])],
-                     "without a cache every step runs the model on the whole text so far, one call per "
-                     "new token: write the loop yourself with model(ids), no cache and no kvlib.generate.")
-    hint = diagnose(wrapped, cases, _MISTAKES_LOOP) or _HINT_LOOP
-    _run(exercise, wrapped, cases, hint)
-
-
-# --- Exercise 1.3: several prompts at once -----------------------------------------------------
+# --- Exercise 1.1 (since issue 17): stop at a token -------------------------------------------
 
 @torch.no_grad()
-def _greedy_batch(model, prompts, n_new, *, per_row=True, transpose=False, keep_prompt=False, position=-1):
-    """Reference for Exercise 1.3: one batch ``(len(prompts), seq)``, one greedy token per row per step."""
-    ids = torch.tensor(prompts, dtype=torch.long)                     # (batch, prompt_len)
-    for _ in range(n_new):
-        logits = model(ids)                                           # (batch, seq, vocab)
-        nxt = logits[:, position].argmax(dim=-1, keepdim=True)        # (batch, 1)
-        if not per_row:
-            nxt = nxt[:1].expand(len(prompts), 1)
-        ids = torch.cat([ids, nxt], dim=1)
-    out = ids if keep_prompt else ids[:, len(prompts[0]):]
-    return (out.T if transpose else out).tolist()
+def _greedy_until(model, prompt_ids, max_new, stop_id, *, include=True, ignore=False, late=False):
+    """Reference for Exercise 1.1: the uncached greedy loop that stops once it has written ``stop_id``
+    (kept as the last token) or ``max_new`` tokens. The keywords switch in the usual slips."""
+    text, new = list(prompt_ids), []
+    stopped = False
+    for _ in range(max_new):
+        token = int(model(torch.tensor([text]))[0, -1].argmax())
+        text.append(token)
+        if stopped:                      # ``late``: one step after the stop token
+            new.append(token)
+            break
+        if token == stop_id and not ignore:
+            if include:
+                new.append(token)
+            if late:
+                stopped = True
+                continue
+            break
+        new.append(token)
+    return new
 
 
-def _reference_batch(model, prompts, n_new):
-    return _greedy_batch(model, prompts, n_new)
-
-
-_MISTAKES_BATCH: list[tuple[str, Callable]] = [
-    ("every prompt gets the token chosen for the first one. Each row picks its own next token: "
-     "logits[:, -1].argmax(dim=-1) gives one id per row.",
-     lambda m, p, n: _greedy_batch(m, p, n, per_row=False)),
-    ("the result is one list per step. Return one list per prompt: result[b] holds the n_new "
-     "tokens written after prompts[b].",
-     lambda m, p, n: _greedy_batch(m, p, n, transpose=True)),
-    ("the prompts are returned too. Return only the new tokens of each row.",
-     lambda m, p, n: _greedy_batch(m, p, n, keep_prompt=True)),
-    ("the next tokens are read from the scores of the first position. They are at the last "
-     "position: logits[:, -1].",
-     lambda m, p, n: _greedy_batch(m, p, n, position=0)),
+_MISTAKES_UNTIL: list[tuple[str, Callable]] = [
+    ("the stop token is left out. It is a token the model wrote: return it as the last one.",
+     lambda m, p, n, s: _greedy_until(m, p, n, s, include=False)),
+    ("the loop never stops at stop_id: after appending each token, leave the loop if it is stop_id.",
+     lambda m, p, n, s: _greedy_until(m, p, n, s, ignore=True)),
+    ("one token too many after the stop token: test the token you just appended, and leave the loop "
+     "at once (break), before the next model call.",
+     lambda m, p, n, s: _greedy_until(m, p, n, s, late=True)),
+    ("the prompt is returned too. Return only the tokens the loop wrote.",
+     lambda m, p, n, s: list(p) + _greedy_until(m, p, n, s)),
 ]
 
-_HINT_BATCH = ("the usual mistakes: one argmax over the whole batch instead of one per row "
-               "(argmax(dim=-1)); giving every row the first row's token; concatenating the new tokens "
-               "on the wrong dimension (they go after the last token of each row: dim=1); returning one "
-               "list per step instead of one per prompt; returning the prompts as well.")
+_HINT_UNTIL = ("the usual mistakes: leaving the stop token out of the result; testing the stop condition "
+               "before the model call, on the prompt's last token; running one more step after the stop "
+               "token; reading the scores of the first position (logits[0, -1] is the last).")
+
+
+def _until_cases() -> list[Case]:
+    # (name, config, seed, prompt length, max_new, index in the unstopped run of the token used as stop_id)
+    specs = [
+        ("stops at the 4th new token", _TINY, 30, 5, 10, 3),
+        ("stops at the first new token", _TINY, 31, 3, 6, 0),
+        ("stop_id never written: max_new tokens", _TINY, 32, 4, 7, None),
+        ("stops on the last allowed token", MULTI_HEAD, 26, 3, 6, 5),
+        ("multi-query model, stops at the 6th new token", MULTI_QUERY, 22, 12, 9, 5),
+        ("max_new = 0", _TINY, 4, 4, 0, None),
+    ]
+    cases = []
+    for name, config, seed, prompt_len, max_new, at in specs:
+        model = _model(config, seed)
+        prompt = _prompt(100 + seed, prompt_len, config.vocab_size)
+        free = _greedy_uncached(model, prompt, max_new)
+        if at is None:
+            stop = next(t for t in range(config.vocab_size) if t not in free)
+        else:
+            stop = free[at]
+        cases.append(Case(name, (model, prompt, max_new, stop), _greedy_until(model, prompt, max_new, stop)))
+    return cases
+
+
+def check_greedy_until(fn: Callable) -> None:
+    """Exercise 1.1: ``fn(model, prompt_ids, max_new, stop_id)`` writes greedy tokens without a cache
+    and stops after writing ``stop_id`` (returned as the last token) or after ``max_new`` tokens."""
+    with _one_thread():
+        exercise = "Exercise 1.1"
+        cases = _until_cases()
+        wrapped = ((lambda model, prompt, n, stop: _as_token_list(fn(model, list(prompt), n, stop)))
+                   if callable(fn) else fn)
+        if callable(fn):
+            _check_calls(exercise, wrapped, cases,
+                         lambda case: [(1, len(case.args[1]) + t) for t in range(len(case.expected))],
+                         "one model call per token written, on the whole text so far, and none after the stop "
+                         "token: write the loop yourself with model(ids), no cache and no kvlib.generate.")
+        hint = diagnose(wrapped, cases, _MISTAKES_UNTIL) or _HINT_UNTIL
+        _run(exercise, wrapped, cases, hint)
+
+
+# --- Exercise 1.2: how many tokens go in? (predict, then count) ---------------------------------
+
+def _tokens_fed(p: int, n: int, use_cache: bool) -> int:
+    """Reference for Exercise 1.2: tokens fed through the model to write ``n`` tokens after ``p``."""
+    return p + n - 1 if use_cache else n * p + n * (n - 1) // 2
+
+
+_MISTAKES_FED: list[tuple[str, Callable]] = [
+    ("without the cache, only the prompt is counted at every step (n * p): step t also feeds the t tokens "
+     "written so far.", lambda p, n, c: p + n - 1 if c else n * p),
+    ("without the cache, one step too many is counted (the sum runs to t = n): the n-th new token is chosen "
+     "at step n - 1 and never fed back in.", lambda p, n, c: p + n - 1 if c else n * p + n * (n + 1) // 2),
+    ("with the cache, the last new token is counted as fed (p + n): it is chosen at the last step and "
+     "never fed back in, so the cached loop feeds p + n - 1.", lambda p, n, c: p + n if c else _tokens_fed(p, n, c)),
+    ("with the cache, the prompt is left out (n or n - 1): the prefill feeds all p prompt tokens, once.",
+     lambda p, n, c: n - 1 if c else _tokens_fed(p, n, c)),
+]
+
+_HINT_FED = ("step t (t = 0 .. n - 1) of the uncached loop feeds the prompt and the t tokens written so far; "
+             "the cached loop feeds the prompt once, then one token per later step; the n-th new token "
+             "is never fed back in.")
+
+
+def _count_fed(model, p: int, n: int, use_cache: bool) -> int:
+    """What the experiment counts: ``tokens_in`` over the records of ``kvlib.generate``."""
+    from ..generate import generate
+    prompt = _prompt(500 + p, p, model.config.vocab_size)
+    run = generate(model, prompt, n, use_cache=use_cache, return_records=True)
+    return sum(r.tokens_in for r in run.records)
+
+
+def _fed_cases() -> list[Case]:
+    model = _model(_TINY, 7)
+    cases = []
+    for p, n in [(5, 6), (1, 1), (1, 12), (8, 20)]:
+        for use_cache in (False, True):
+            name = f"prompt {p}, {n} new, {'with' if use_cache else 'without'} the cache"
+            cases.append(Case(name, (p, n, use_cache), _count_fed(model, p, n, use_cache)))
+    return cases
+
+
+def check_tokens_fed(fn: Callable, records_without=None, records_with=None) -> None:
+    """Exercise 1.2: ``fn(p, n, use_cache)`` predicts how many tokens go through the model to write ``n``
+    tokens after a ``p``-token prompt. The check counts them in runs of ``kvlib.generate`` on a tiny
+    model; given the section's records (``without_cache.records``, ``with_cache.records``), it also
+    grades the predicted ratio for that run against the ratio counted there."""
+    exercise = "Exercise 1.2"
+    with _one_thread():
+        cases = _fed_cases()
+    wrapped = (lambda p, n, c: (lambda r: int(r) if isinstance(r, (int, float)) and not isinstance(r, bool)
+                                and float(r).is_integer() else r)(fn(p, n, c))) if callable(fn) else fn
+    hint = diagnose(wrapped, cases, _MISTAKES_FED) or _HINT_FED
+    run_check(exercise, wrapped, cases, hint=hint)
+    if records_without is not None and records_with is not None:
+        from .framework import check_prediction
+        fed_without = sum(r.tokens_in for r in records_without)
+        fed_with = sum(r.tokens_in for r in records_with)
+        p = records_with[0].tokens_in                    # the cached run's first step is the prefill
+        n = len(records_with)
+        check_prediction(exercise, fn(p, n, False) / fn(p, n, True), fed_without / fed_with, rel_tol=0.01,
+                         what=f"the ratio of tokens fed without and with the cache (p = {p}, n = {n})",
+                         why=_HINT_FED)
 
 
 def _as_rows(result):
@@ -272,39 +318,70 @@ def _as_rows(result):
     return result
 
 
-def _batch_cases() -> list[Case]:
+# --- Exercise 1.3 (since issue 17): prompts of different lengths --------------------------------
+
+@torch.no_grad()
+def _greedy_padded(model, prompts, n_new, *, side="right", mask=False, keep_prompt=False):
+    """The usual slips with padding: pad with token 0 on one side, run the batch, read the last column."""
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    rows = [([0] * k + list(p)) if side == "left" else (list(p) + [0] * k) for p, k in zip(prompts, pads)]
+    ids = torch.tensor(rows, dtype=torch.long)
+    left_pad = torch.tensor(pads) if mask else None
+    for _ in range(n_new):
+        logits = model(ids, left_pad=left_pad) if mask else model(ids)
+        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    new = ids[:, width:].tolist()
+    return [list(p) + r for p, r in zip(prompts, new)] if keep_prompt else new
+
+
+def _reference_ragged(model, prompts, n_new):
+    """Reference for Exercise 1.3: each prompt continued as if it were alone."""
+    return [_greedy_uncached(model, p, n_new) for p in prompts]
+
+
+_MISTAKES_RAGGED: list[tuple[str, Callable]] = [
+    ("the shorter prompts are padded at the end and the batch's last column is read: for a padded row "
+     "that is the score after a padding token, not after its own last token. Pad on the left (and mask "
+     "the padding), or read each row at its own last position.",
+     lambda m, p, n: _greedy_padded(m, p, n, side="right")),
+    ("the shorter prompts are padded on the left, but the padding is not masked: the real tokens attend "
+     "to the padding, and their positions are shifted. Tell the model which tokens are padding "
+     "(model(ids, left_pad=...)), or continue each prompt on its own.",
+     lambda m, p, n: _greedy_padded(m, p, n, side="left")),
+    ("the prompts are returned too. Return only the n_new new tokens of each row.",
+     lambda m, p, n: [list(q) + r for q, r in zip(p, _reference_ragged(m, p, n))]),
+]
+
+_HINT_RAGGED = ("each row must get exactly the tokens its prompt gets alone: the usual mistakes are padding "
+                "on the right and reading the last column, padding on the left without masking the padding "
+                "(model(ids, left_pad=...)), and returning one list per step instead of one per prompt.")
+
+
+def _ragged_cases() -> list[Case]:
     specs = [
-        ("3 prompts of 4 tokens, 5 new tokens", _TINY, 11, 3, 4, 5),
-        ("one prompt (batch 1), 6 new tokens", _TINY, 12, 1, 6, 6),
-        ("2 one-token prompts, 7 new tokens", _TINY, 13, 2, 1, 7),
-        ("4 prompts, one new token", _TINY, 14, 4, 5, 1),
-        ("multi-head model, 2 prompts of 3 tokens, 9 new tokens", MULTI_HEAD, 15, 2, 3, 9),
-        ("multi-query model, 5 prompts of 6 tokens, 4 new tokens", MULTI_QUERY, 16, 5, 6, 4),
+        ("3 prompts of 4, 1 and 6 tokens, 5 new tokens", _TINY, 11, (4, 1, 6), 5),
+        ("2 prompts of 2 and 7 tokens, 6 new tokens", _TINY, 12, (2, 7), 6),
+        ("one prompt (batch 1), 4 new tokens", _TINY, 13, (5,), 4),
+        ("2 prompts of the same length, 3 new tokens", _TINY, 14, (3, 3), 3),
+        ("multi-head model, 3 prompts of 5, 2 and 3 tokens, 7 new tokens", MULTI_HEAD, 15, (5, 2, 3), 7),
+        ("multi-query model, 4 prompts of 6, 1, 9 and 4 tokens, one new token", MULTI_QUERY, 16, (6, 1, 9, 4), 1),
     ]
     cases = []
-    for name, config, seed, batch, prompt_len, n_new in specs:
+    for name, config, seed, lengths, n_new in specs:
         model = _model(config, seed)
-        prompts = [_prompt(200 + 10 * seed + b, prompt_len, config.vocab_size) for b in range(batch)]
-        cases.append(Case(name, (model, prompts, n_new), _reference_batch(model, prompts, n_new)))
+        prompts = [_prompt(300 + 10 * seed + b, n, config.vocab_size) for b, n in enumerate(lengths)]
+        cases.append(Case(name, (model, prompts, n_new), _reference_ragged(model, prompts, n_new)))
     return cases
 
 
-def check_greedy_batch(fn: Callable) -> None:
-    """Exercise 1.3: ``fn(model, prompts, n_new)`` continues several equally long prompts at once,
-    one batch through the model per step, and returns one list of ``n_new`` token ids per prompt."""
+def check_greedy_ragged(fn: Callable) -> None:
+    """Exercise 1.3: ``fn(model, prompts, n_new)`` continues prompts of different lengths, and returns
+    one list of ``n_new`` greedy token ids per prompt, each as its prompt alone would get."""
     with _one_thread():
-        _check_batch(fn)
-
-
-def _check_batch(fn: Callable) -> None:
-    exercise = "Exercise 1.3"
-    cases = _batch_cases()
-    wrapped = (lambda model, prompts, n_new: _as_rows(fn(model, [list(p) for p in prompts], n_new))
-               if callable(fn) else fn)
-    if callable(fn):
-        _check_calls(exercise, wrapped, cases,
-                     lambda case: [(len(case.args[1]), len(case.args[1][0]) + t) for t in range(case.args[2])],
-                     "put all the prompts in one (batch, seq) tensor and call the model once per step on "
-                     "all of them, not once per prompt.")
-    hint = diagnose(wrapped, cases, _MISTAKES_BATCH) or _HINT_BATCH
-    _run(exercise, wrapped, cases, hint)
+        exercise = "Exercise 1.3"
+        cases = _ragged_cases()
+        wrapped = (lambda model, prompts, n_new: _as_rows(fn(model, [list(p) for p in prompts], n_new))
+                   if callable(fn) else fn)
+        hint = diagnose(wrapped, cases, _MISTAKES_RAGGED) or _HINT_RAGGED
+        _run(exercise, wrapped, cases, hint)
