@@ -156,6 +156,19 @@ def diagnose(fn: Callable, cases: list[Case], mistakes: list[tuple[str, Callable
 
 # --- grading a prediction or an explanation ----------------------------------------------------
 
+def student_answer(exercise: str, fn: Any, what: str) -> Any:
+    """The student's answer: ``fn()`` if it is a function (a stub raises), else ``fn`` itself."""
+    if not callable(fn):
+        return fn
+    try:
+        return fn()
+    except NotImplementedError:
+        raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
+                          f"with {what}.") from None
+    except Exception as e:                                  # show the student's own error, briefly
+        raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
+
+
 def check_prediction(exercise: str, predicted: Any, measured: float, *, rel_tol: float, what: str,
                      why: str = "") -> None:
     """Grade a predicted number against what the experiment ``measured`` (or what a formula gives).

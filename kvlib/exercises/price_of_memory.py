@@ -18,7 +18,8 @@ import torch
 from ..config import Config
 from ..cache.model_shapes import MODEL_SHAPES
 from ..cache.quantized import quantize_int8
-from .framework import MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe, run_check
+from .framework import (MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe, run_check,
+                        student_answer)
 
 __all__ = ["check_max_context", "check_quantize_int8", "check_int8_context", "check_int8_explanation"]
 
@@ -221,19 +222,6 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
 INT8_MEMORY, INT8_BATCH = 512 * 10 ** 6, 16      # SmolLM2-135M, 16-bit weights, 16 conversations in 512 MB
 
 
-def _answer(exercise: str, fn, what: str):
-    """The student's answer: ``fn()`` if it is a function (a stub raises), else ``fn`` itself."""
-    if not callable(fn):
-        return fn
-    try:
-        return fn()
-    except NotImplementedError:
-        raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
-                          f"with {what}.") from None
-    except Exception as e:                                  # show the student's own error, briefly
-        raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
-
-
 def int8_bytes_per_token(config: Config) -> int:
     """Bytes one token of one sequence adds to a real :class:`kvlib.Int8KVCache` (int8 numbers and
     their float32 scales), measured on a one-token buffer."""
@@ -257,7 +245,7 @@ def check_int8_context(fn) -> None:
     SmolLM2-135M's 16-bit weights and an int8 cache (with its scales) for 16 conversations fit in
     512 MB (512 × 10**6 bytes). Passes within 2 %."""
     exercise = "Exercise 6.3"
-    predicted = _answer(exercise, fn, "your predicted number of tokens")
+    predicted = student_answer(exercise, fn, "your predicted number of tokens")
     exact = int8_context()
     cfg = MODEL_SHAPES["SmolLM2-135M"].config
     numbers = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim          # numbers per token: keys and values
@@ -299,4 +287,4 @@ def check_int8_explanation(fn) -> None:
     """Exercise 6.3, the explanation: ``fn()`` returns the letter of the reason the int8 cache
     gives less than twice the 16-bit cache's context."""
     exercise = "Exercise 6.3"
-    check_choice(exercise, _answer(exercise, fn, "the letter you choose"), INT8_CHOICES)
+    check_choice(exercise, student_answer(exercise, fn, "the letter you choose"), INT8_CHOICES)

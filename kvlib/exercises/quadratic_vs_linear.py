@@ -15,7 +15,7 @@ from ..config import Config
 from ..measure.flops import (attention_flops_per_pair, generation_ratio, linear_flops_per_token, output_flops_per_row,
                      step_flops)
 from .framework import (MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe,
-                        run_check)
+                        run_check, student_answer)
 
 __all__ = ["check_predict_step_flops", "check_total_flops_ratio", "check_batched_intensity",
            "check_batch_explanation"]
@@ -184,19 +184,6 @@ def check_total_flops_ratio(fn: Callable[[Config, int], float]) -> None:
 BATCH, CONTEXT = 16, 512          # the experiment: a cached step of Config.small() for 16 sequences at 512 tokens
 
 
-def _answer(exercise: str, fn, what: str):
-    """The student's answer: ``fn()`` if it is a function (a stub raises), else ``fn`` itself."""
-    if not callable(fn):
-        return fn
-    try:
-        return fn()
-    except NotImplementedError:
-        raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
-                          f"with {what}.") from None
-    except Exception as e:                                  # show the student's own error, briefly
-        raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
-
-
 def small_weight_bytes() -> int:
     """Bytes of the float32 weights of a ``Decoder(Config.small())`` (built on the meta device:
     no memory, no random numbers drawn)."""
@@ -226,7 +213,7 @@ def check_batched_intensity(fn) -> None:
     """Exercise 4.3, the prediction: ``fn()`` returns the FLOPs per byte read of one cached step of
     ``Config.small()`` for 16 sequences at 512 tokens (float32). Passes within 15 %."""
     exercise = "Exercise 4.3"
-    predicted = _answer(exercise, fn, "your predicted number")
+    predicted = student_answer(exercise, fn, "your predicted number")
     exact = batched_intensity()
     what = f"the FLOPs per byte of a cached step for {BATCH} sequences at {CONTEXT:,} tokens"
     known = [
@@ -265,4 +252,4 @@ def check_batch_explanation(fn) -> None:
     """Exercise 4.3, the explanation: ``fn()`` returns the letter of the reason the intensity grows
     far less than 16 times from batch 1 to batch 16."""
     exercise = "Exercise 4.3"
-    check_choice(exercise, _answer(exercise, fn, "the letter you choose"), BATCH_CHOICES)
+    check_choice(exercise, student_answer(exercise, fn, "the letter you choose"), BATCH_CHOICES)
