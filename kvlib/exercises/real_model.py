@@ -1,101 +1,212 @@
-"""Checks for the exercises of *A real model* (section 5): what the cache costs in memory.
+"""Checks for the exercises of *A real model* (section 5).
 
-The checks need only :class:`kvlib.Config` shapes, never the real model's weights, so they
-run in milliseconds. A wrong answer that is exactly one of the usual slips (keys only,
-query heads instead of key/value heads, the layers or the batch forgotten, bits instead
-of bytes, ...) is named in the hint; any other wrong answer fails with the expected value.
+5.1 measures how close the 48-token answer came to changing: the step whose best logit is
+nearest its runner-up. The check tries score tables with ties, negative scores and the
+closest call in the first and the last row, and names the usual slips (the largest gap
+instead of the smallest, the runner-up taken along the wrong dimension, the best against
+the worst score, a tie not counted).
+
+5.2 and 5.3 are a prediction and a derivation graded against the exact arithmetic of
+:func:`kvlib.measure.flops.generation_flops`: the same on every machine, and never the real
+model's weights. 5.2 also grades an explanation (why the measured speed-up stays below the
+ratio of arithmetic).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from ..config import Config
-from ..cache.model_shapes import MODEL_SHAPES
-from .framework import MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, describe, run_check
+from ..measure.flops import generation_ratio
+from .framework import Case, CheckFailed, check_choice, check_prediction, diagnose, run_check, student_answer
 
-__all__ = ["check_kv_cache_bytes"]
-
-_SMOL = Config.smollm2_135m()
-_LLAMA3_8B = MODEL_SHAPES["Llama-3-8B"].config       # only its shapes: 32 layers, 8 kv heads of 128
+__all__ = ["check_closest_call", "check_speedup_limit", "check_speedup_explanation", "check_thousand_times",
+           "tokens_for_ratio"]
 
 
-def _kv_cache_bytes(config: Config, seq_len: int, batch: int = 1, bytes_per_number: int = 4) -> int:
-    """Reference for Exercise 5.1: keys and values, per layer, per key/value head, per position."""
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_number * seq_len * batch
+# ---------------------------------------------------------------------------------------
+# Exercise 5.1: how close did the answer come to changing?
+# ---------------------------------------------------------------------------------------
+
+def _closest_call(logits: torch.Tensor, *, largest: bool = False, worst: bool = False, dim: int = -1,
+                  distinct: bool = False) -> tuple[int, float]:
+    """Reference (defaults) and the usual slips (the keywords): the step whose best logit is
+    closest to its runner-up, and that gap."""
+    if worst:
+        margins = logits.amax(dim=-1) - logits.amin(dim=-1)
+    elif distinct:                          # the runner-up taken as the best value *below* the best one
+        best = logits.amax(dim=-1, keepdim=True)
+        margins = (best - logits.masked_fill(logits == best, float("-inf")).amax(dim=-1, keepdim=True))[:, 0]
+    else:
+        top2 = logits.topk(2, dim=dim).values
+        margins = (top2[0] - top2[1]) if dim == 0 else (top2[:, 0] - top2[:, 1])
+    step = int(margins.argmax() if largest else margins.argmin())
+    return step, float(margins[step])
 
 
-def _kv_mistakes(config: Config, seq_len: int, batch: int = 1, bytes_per_number: int = 4) -> dict[str, int]:
-    right = _kv_cache_bytes(config, seq_len, batch, bytes_per_number)
-    c = config
-    return {
-        "only the keys are counted: the cache holds a key AND a value per position (the factor 2).":
-            right // 2,
-        "the query heads are counted. Only the key/value heads are cached: n_kv_heads × head_dim numbers "
-        "per token and layer, not n_heads × head_dim = d_model (grouped-query attention shares them).":
-            2 * c.n_layers * c.n_heads * c.head_dim * bytes_per_number * seq_len * batch,
-        "the layers are forgotten: every layer keeps its own keys and values (× n_layers).":
-            right // c.n_layers,
-        "the batch is forgotten: every sequence in the batch has its own cache (× batch).":
-            right // batch,
-        "bytes_per_number is ignored (always 4 bytes): bfloat16 and float16 take 2 bytes a number.":
-            2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * seq_len * batch,
-        "that is the number of numbers, not of bytes: multiply by bytes_per_number.":
-            right // bytes_per_number,
-        "that is bits, not bytes: a byte is 8 bits, and bytes_per_number is already in bytes.":
-            right * 8,
-        "the cache is sized for max_seq_len, not for the seq_len tokens asked about.":
-            2 * c.n_layers * c.n_kv_heads * c.head_dim * bytes_per_number * c.max_seq_len * batch,
-        "off by one: seq_len tokens take seq_len positions, not seq_len + 1.":
-            right // seq_len * (seq_len + 1),
-        "off by one: seq_len tokens take seq_len positions, not seq_len - 1.":
-            right // seq_len * (seq_len - 1),
-    }
+_MISTAKES_CLOSEST: list[tuple[str, Callable]] = [
+    ("that is the step with the LARGEST gap, the safest choice of the answer; the closest call is where the gap "
+     "is smallest (argmin).", lambda logits: _closest_call(logits, largest=True)),
+    ("that gap is the best score against the worst one; the choice could only flip to the runner-up, the "
+     "second-best score: logits.topk(2, dim=-1).", lambda logits: _closest_call(logits, worst=True)),
+    ("the two best scores were taken down a column (over the steps); each row is one step, and its runner-up "
+     "is found along the vocabulary: topk(2, dim=-1).", lambda logits: _closest_call(logits, dim=0)),
+    ("a tie counts: when two tokens share the best score, the runner-up is as good as the best and the margin "
+     "is 0. Removing every score equal to the best skips the tie; topk(2) keeps both.",
+     lambda logits: _closest_call(logits, distinct=True)),
+]
 
 
-def _diagnose(exercise: str, fn: Callable, cases: list[Case]) -> None:
-    """Raise a :class:`CheckFailed` that names the slip if a wrong answer is exactly a known one."""
-    if not callable(fn):
-        return
-    first = None                        # (i, case, got) of the first wrong case: the one reported
-    suspects: list[str] | None = None   # the slips every wrong case so far agrees with
-    for i, case in enumerate(cases, start=1):
-        try:
-            got = fn(*case.args, **case.kwargs)
-        except Exception:
-            break                       # run_check reports it, unless a slip is already clear
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return
-        if got == case.expected:
-            continue
-        matching = [why for why, value in _kv_mistakes(*case.args, **case.kwargs).items()
-                    if value != case.expected and got == value]
-        suspects = matching if suspects is None else [w for w in suspects if w in matching]
-        first = first or (i, case, got)
-        if len(suspects) <= 1:          # a single slip explains every wrong case: name it (or none does)
-            break
-    if first and suspects:              # two slips may give the same number once; later cases tell them apart
-        i, case, got = first
-        raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({case.name}) is wrong: expected "
-                          f"{case.expected:,} bytes, got {got:,}\n  input: {describe(case.args)}\n"
-                          f"  hint: {suspects[0]}")
+def _closest_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(5)
+    spread = torch.randn(12, 50, generator=g) * 3
+    last = torch.randn(6, 40, generator=g) * 2
+    top = last.amax(dim=-1)
+    last[-1, 0] = top[-1] + 0.004                                  # a near-tie in the last row
+    last[-1, 1] = top[-1]
+    tie = torch.randn(5, 30, generator=g)
+    tie[2, 7] = tie[2, 3] = tie[2].amax() + 1.0                    # two tokens share the best score
+    negative = -torch.rand(4, 20, generator=g) * 10 - 5           # every score below -5
+    wide = torch.randn(3, 49_152, generator=g) * 4                  # SmolLM2's vocabulary
+    specs = [("one row of 3 scores per step, 2 steps", torch.tensor([[1.0, 3.0, 2.5], [0.0, -1.0, 4.0]])),
+             ("12 steps, 50 tokens", spread),
+             ("the closest call at the last step", last),
+             ("a tie at step 2", tie),
+             ("every score negative", negative),
+             ("one step only", torch.randn(1, 16, generator=g)),
+             ("3 steps of SmolLM2's 49,152 scores", wide)]
+    return [Case(name, (x,), _closest_call(x)) for name, x in specs]
 
 
-def check_kv_cache_bytes(fn: Callable) -> None:
-    """Exercise 5.1: ``fn(config, seq_len, batch=1, bytes_per_number=4)`` is the size in bytes of
-    the KV cache holding ``seq_len`` tokens for each of ``batch`` sequences."""
-    # (config, seq_len) alone uses the defaults batch=1, bytes_per_number=4; else all four, in order
-    specs = [
-        ("SmolLM2-135M shapes, 32,768 tokens, float32", (_SMOL, 32_768)),
-        ("SmolLM2-135M shapes, one token", (_SMOL, 1)),
-        ("Config.tiny(), 10 tokens, batch 3, float32", (Config.tiny(), 10, 3, 4)),
-        ("SmolLM2-135M shapes, 2,048 tokens, bfloat16 (2 bytes)", (_SMOL, 2048, 1, 2)),
-        ("Llama-3-8B shapes, 32,768 tokens, batch 4, bfloat16", (_LLAMA3_8B, 32_768, 4, 2)),
-        ("multi-head (no GQA), 7 tokens, batch 2, float16", (MULTI_HEAD, 7, 2, 2)),
-        ("multi-query (1 kv head), 33 tokens, float64 (8 bytes)", (MULTI_QUERY, 33, 1, 8)),
-    ]
-    cases = [Case(name, args, _kv_cache_bytes(*args)) for name, args in specs]
-    exercise = "Exercise 5.1"
-    _diagnose(exercise, fn, cases)
-    run_check(exercise, fn, cases,
-              hint="2 (a key and a value) × n_layers × n_kv_heads × head_dim × bytes_per_number × seq_len "
-                   "× batch; use the config's fields and every argument as given.")
+def check_closest_call(fn: Callable[[torch.Tensor], tuple[int, float]]) -> None:
+    """Exercise 5.1: ``fn(logits)`` with ``logits`` of shape ``(steps, vocab)`` returns ``(step, margin)``:
+    the step whose best score is closest to its second best, and best − second best (0 for a tie)."""
+    def as_numbers(logits):
+        out = fn(logits)
+        if isinstance(out, (tuple, list)) and len(out) == 2:
+            step, margin = out
+            if isinstance(step, torch.Tensor) and step.numel() == 1:
+                step = int(step)
+            if isinstance(margin, torch.Tensor) and margin.numel() == 1:
+                margin = float(margin)
+            if isinstance(step, float) and step.is_integer():
+                step = int(step)
+            return step, margin
+        return out
+
+    cases = _closest_cases()
+    target = as_numbers if callable(fn) else fn
+    hint = diagnose(target, cases, _MISTAKES_CLOSEST) if callable(fn) else None
+    run_check("Exercise 5.1", target, cases,
+              hint=hint or "per step (row), best − second best of logits.topk(2, dim=-1); the step where that is "
+                           "smallest, and the gap itself: (int, float).")
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5.2: does the speed-up grow for ever? (predict the limit, explain the gap)
+# ---------------------------------------------------------------------------------------
+
+SMOLLM2 = Config.smollm2_135m()
+
+
+LIMIT_PROMPT = 1_000_000          # "very long": the ratio is within 1e-6 of its limit there
+
+
+def check_speedup_limit(fn) -> None:
+    """Exercise 5.2, the prediction: ``fn()`` returns the value the ratio of arithmetic (uncached ÷
+    cached) approaches for 16 new tokens as the prompt grows without bound. Passes within 5 %."""
+    exercise = "Exercise 5.2"
+    predicted = student_answer(exercise, fn, "the value you predict (a number; float('inf') if it never levels off)")
+    limit = generation_ratio(SMOLLM2, 16, prompt_len=LIMIT_PROMPT)
+    why = ("with a very long prompt nearly all the work of either loop is the prompt: how many times does each "
+           "loop send it through the model?")
+    if isinstance(predicted, (int, float)) and not isinstance(predicted, bool):
+        if predicted == float("inf") or predicted > 1000:
+            why = ("it levels off. With a very long prompt almost all the work is the prompt: the uncached loop "
+                   "sends it through the model at each of its 16 steps, the cached loop once.")
+        elif round(predicted) == 15:
+            why = ("15 counts only the steps after the first. The uncached loop's first step is a whole prefill "
+                   "too, so it runs the prompt 16 times, against the cached loop's once.")
+        elif round(predicted) == 8:
+            why = ("the uncached loop does not re-read half the prompt on average: every one of its 16 steps runs "
+                   "the whole prompt (and the few tokens written so far) again.")
+        elif round(predicted) == 1:
+            why = ("a ratio of 1 would mean the cache saves nothing for a long prompt; it saves 15 of the 16 "
+                   "runs over the prompt.")
+    check_prediction(exercise, predicted, limit, rel_tol=0.05,
+                     what="the limit of the arithmetic ratio for 16 new tokens", why=why)
+
+
+SPEEDUP_CHOICES = {
+    "a": (True, "The cache removes arithmetic, but not the reading of the weights: a one-token step reads every "
+                "weight of the model for one token's worth of arithmetic, while an uncached step reuses every "
+                "weight it reads for hundreds of tokens. The cached loop therefore runs at far fewer FLOP/s, and "
+                "its time shrinks by less than its arithmetic (section 4: memory-bound against compute-bound)."),
+    "b": (False, "PyTorch runs every operation it is given; section 5 counted the uncached loop's arithmetic with "
+                 "PyTorch's own counter, and it matches the formula exactly."),
+    "c": (False, "Writing a token's keys and values into the cache copies a few kilobytes per layer: a sliver of "
+                 "a step, not half of the time."),
+    "d": (False, "Noise scatters measurements in both directions; a gap of this size, in the same direction at "
+                 "every length of the sweep, is not noise."),
+}
+
+
+def check_speedup_explanation(fn) -> None:
+    """Exercise 5.2, the explanation: ``fn()`` returns the letter of why the measured speed-up stays below
+    the ratio of arithmetic."""
+    exercise = "Exercise 5.2"
+    check_choice(exercise, student_answer(exercise, fn, "the letter you choose"), SPEEDUP_CHOICES)
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise 5.3: how long until a thousand times? (a derivation)
+# ---------------------------------------------------------------------------------------
+
+def tokens_for_ratio(config: Config, prompt_len: int, ratio: float = 1000.0, *, limit: int = 1 << 16) -> int:
+    """The fewest new tokens after a ``prompt_len``-token prompt for which the uncached loop does at least
+    ``ratio`` times the arithmetic of the cached one (:func:`kvlib.measure.flops.generation_ratio`,
+    attention included). The ratio grows with the number of new tokens, so doubling, then a
+    bisection, finds it; past ``limit`` new tokens a ``ValueError`` says so."""
+    def reaches(n: int) -> bool:
+        return generation_ratio(config, n, prompt_len=prompt_len) >= ratio
+
+    hi = 1
+    while not reaches(hi):
+        if hi >= limit:
+            raise ValueError(f"the ratio stays below {ratio} up to {limit:,} new tokens")
+        hi *= 2
+    lo = 1                                    # the ratio reaches it at hi, and not below lo
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reaches(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def check_thousand_times(fn, prompt_len: int) -> None:
+    """Exercise 5.3: ``fn()`` returns the number of new tokens after a ``prompt_len``-token prompt at which
+    the uncached loop has done 1,000 times the arithmetic of the cached one (SmolLM2-135M's shapes).
+    Passes within 8 % of the exact count (attention included), which the token count leaving out
+    attention reaches."""
+    exercise = "Exercise 5.3"
+    predicted = student_answer(exercise, fn, "your number of new tokens")
+    exact = tokens_for_ratio(SMOLLM2, prompt_len)
+    one_token = tokens_for_ratio(SMOLLM2, 1)
+    why = ("count the tokens each loop feeds: uncached n·P + n(n − 1)/2, cached P + n − 1; set their ratio to "
+           "1,000 and solve the quadratic for n.")
+    if isinstance(predicted, (int, float)) and not isinstance(predicted, bool):
+        if abs(predicted - one_token) <= 0.03 * one_token:
+            why = ("that is about the count for a one-token prompt. Here the uncached loop also re-reads the "
+                   f"{prompt_len}-token prompt at every step, so the ratio grows faster and fewer tokens are needed.")
+        elif abs(predicted - 1000) <= 15:
+            why = ("the ratio is not the number of steps: the uncached loop's step t feeds P + t tokens against the "
+                   "cached loop's one, so its total grows like n·P + n²/2, and the ratio like (n·P + n²/2) / (P + n).")
+        elif abs(predicted - 2000) <= 30:
+            why = ("n²/2 ÷ n = n/2 is the ratio for a one-token prompt; the prompt's P tokens at every step add "
+                   "n·P to the uncached total, and P to the cached one.")
+    check_prediction(exercise, predicted, exact, rel_tol=0.08,
+                     what=f"the new tokens after a {prompt_len}-token prompt at which the uncached loop does "
+                          "1,000 times the arithmetic", why=why)

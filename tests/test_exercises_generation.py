@@ -1,7 +1,6 @@
 """The checks of section 1 (the generation loop: 1.1 stop at a token, 1.2 tokens fed, 1.3 ragged
-prompts) and section 5 (5.1 the predicted speed-up, 5.2 its
-limit, and the former 5.1, the size of the cache): the reference passes, stubs fail, and the
-usual mistakes fail with the message that names them."""
+prompts): the reference passes, stubs fail, and the usual mistakes fail with the message that
+names them."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +10,6 @@ import kvlib
 import kvlib.exercises as ex
 from kvlib.exercises import CheckFailed
 from kvlib.exercises import one_token as gen
-from kvlib.exercises import real_model as rm
 
 NOT_WRITTEN = "not written yet"
 
@@ -21,10 +19,8 @@ def _not_written(*args, **kwargs):
 
 
 def test_checks_are_found_by_name():
-    assert {"check_greedy_until", "check_tokens_fed", "check_greedy_ragged",
-            "check_kv_cache_bytes"} <= set(ex.all_checks())
+    assert {"check_greedy_until", "check_tokens_fed", "check_greedy_ragged"} <= set(ex.all_checks())
     assert ex.check_greedy_until is gen.check_greedy_until
-    assert ex.check_kv_cache_bytes is rm.check_kv_cache_bytes
 
 
 # --- the student's solutions, as the notebooks write them ----------------------------------------
@@ -36,10 +32,6 @@ def greedy_uncached(model, prompt_ids, n_new):
             logits = model(torch.tensor([text]))
             text.append(int(logits[0, -1].argmax()))
     return text[len(prompt_ids):]
-
-
-def kv_cache_bytes(config, seq_len, batch=1, bytes_per_number=4):
-    return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_number * seq_len * batch
 
 
 # --- the references agree with kvlib -------------------------------------------------------------
@@ -89,90 +81,12 @@ def test_cases_are_not_degenerate():
             assert len({len(p) for p in case.args[1]}) > 1 or "same length" in case.name, case.name
 
 
-def test_kv_reference_agrees_with_kvlib_cache():
-    model = kvlib.Decoder(kvlib.Config.tiny())
-    for batch in (1, 3):
-        cache = kvlib.KVCache.for_model(model, batch=batch, max_len=40)
-        assert rm._kv_cache_bytes(model.config, 40, batch) == cache.nbytes
-    assert rm._kv_cache_bytes(kvlib.Config.smollm2_135m(), 32_768) == 1_509_949_440      # 45 KiB a token
-
-
 def test_check_models_leave_the_global_random_state_alone():
     torch.manual_seed(123)
     before = torch.rand(3)
     torch.manual_seed(123)
     gen._until_cases()
     assert torch.equal(torch.rand(3), before)
-
-
-# --- the former Exercise 5.1 (the bytes of a cache), kept as a check --------------------------------------------------------------------------------
-
-def test_kv_reference_passes(capsys):
-    rm.check_kv_cache_bytes(kv_cache_bytes)
-    rm.check_kv_cache_bytes(rm._kv_cache_bytes)
-    assert capsys.readouterr().out.count("✓ Exercise 5.1: all 7 cases pass") == 2
-
-
-def test_kv_float_answer_is_accepted(capsys):
-    rm.check_kv_cache_bytes(lambda c, n, batch=1, bytes_per_number=4: float(kv_cache_bytes(c, n, batch, bytes_per_number)))
-    assert "✓ Exercise 5.1" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("stub, match", [
-    (lambda c, n, batch=1, bytes_per_number=4: 0, r"case 1 of 7 .* is wrong: expected 1509949440, got 0"),
-    (lambda c, n, batch=1, bytes_per_number=4: n, r"case 1 of 7 .* is wrong: expected 1509949440, got 32768"),
-    (lambda c, n, batch=1, bytes_per_number=4: c, r"case 1 of 7 .* got Config\("),
-    (_not_written, NOT_WRITTEN),
-    ("kv", "expected a function"),
-])
-def test_kv_stubs_fail(stub, match):
-    with pytest.raises(CheckFailed, match=match):
-        rm.check_kv_cache_bytes(stub)
-
-
-def test_kv_without_the_keyword_arguments_fails_with_its_error():
-    with pytest.raises(CheckFailed, match=r"case 3 of 7 \(Config.tiny\(\), 10 tokens, batch 3, float32\) raised TypeError"):
-        rm.check_kv_cache_bytes(lambda c, n: kv_cache_bytes(c, n))
-
-
-def _kv(keys_only=False, heads=False, layers=True, batch_on=True, bytes_on=True, numbers=False, bits=False,
-        max_len=False, shift=0):
-    def fn(config, seq_len, batch=1, bytes_per_number=4):
-        heads_ = config.n_heads if heads else config.n_kv_heads
-        size = (1 if keys_only else 2) * (config.n_layers if layers else 1) * heads_ * config.head_dim
-        size *= 1 if numbers else (bytes_per_number if bytes_on else 4)
-        size *= (config.max_seq_len if max_len else seq_len + shift) * (batch if batch_on else 1)
-        return size * 8 if bits else size
-    return fn
-
-
-@pytest.mark.parametrize("wrong, match, case", [
-    (_kv(keys_only=True), r"only the keys are counted", 1),
-    (_kv(heads=True), r"the query heads are counted", 1),
-    (_kv(layers=False), r"the layers are forgotten", 1),
-    (_kv(batch_on=False), r"the batch is forgotten", 3),
-    (_kv(bytes_on=False), r"bytes_per_number is ignored", 4),
-    (_kv(numbers=True), r"the number of numbers, not of bytes", 1),
-    (_kv(bits=True), r"that is bits, not bytes", 1),
-    (_kv(max_len=True), r"sized for max_seq_len", 1),          # 8,192 = 32,768 / 4: told apart by case 2
-    (_kv(shift=+1), r"not seq_len \+ 1", 1),
-    (_kv(shift=-1), r"not seq_len - 1", 1),
-])
-def test_kv_usual_mistakes_are_named(wrong, match, case):
-    with pytest.raises(CheckFailed, match=rf"Exercise 5.1: case {case} of 7 [\s\S]*hint: [^\n]*{match}"):
-        rm.check_kv_cache_bytes(wrong)
-
-
-def test_kv_unknown_mistake_gets_the_formula_as_hint():
-    with pytest.raises(CheckFailed, match=r"hint: 2 \(a key and a value\) × n_layers"):
-        rm.check_kv_cache_bytes(lambda c, n, batch=1, bytes_per_number=4: kv_cache_bytes(c, n, batch, bytes_per_number) + 1)
-
-
-def test_kv_check_never_loads_the_model(monkeypatch):
-    def no_model(*a, **k):
-        raise AssertionError("the check must not load the real model")
-    monkeypatch.setattr(kvlib, "load_smollm2", no_model, raising=False)
-    rm.check_kv_cache_bytes(kv_cache_bytes)
 
 
 # --- Exercise 1.1: stop at a token ----------------------------------------------------------------
