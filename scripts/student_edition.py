@@ -359,6 +359,9 @@ class Exercise:
     checks: list[str] = field(default_factory=list)
     stubs: list[str] = field(default_factory=list)
     has_solution: bool = False
+    activity: str = ""          # the kind line's kind: "experiment", "derivation" or "implementation"
+    difficulty: int = 0         # the kind line's stars, 1 to 3 (0: no kind line)
+    hints: int = 0              # "Hint N" dropdowns between the statement and the solution
 
     @property
     def name(self) -> str:
@@ -381,6 +384,28 @@ def _exercise_heads(source: str):
             yield label, m.group("rest").strip()
 
 
+# The line every exercise opens with: "*Kind: experiment · difficulty ★★☆*".
+KIND_LINE = re.compile(r"^\*Kind: (?P<activity>experiment|derivation|implementation) · "
+                       r"difficulty (?P<stars>★{1,3}☆{0,2})\*$")
+ACTIVITIES = ("experiment", "derivation", "implementation")
+_HINT = re.compile(r"^\s*(`{3,}|:{3,})\{admonition\}\s+Hint\s+\d+\s*$", re.M)
+
+
+def _kind_line(source: str, label: str) -> tuple[str, int]:
+    """``(activity, stars)`` from the kind line of the exercise ``label`` in ``source``
+    (the first non-option line of its directive), or ``("", 0)``."""
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(rf"^\s*:label:\s*{re.escape(label)}\s*$", line):
+            for rest in lines[i + 1:]:
+                if rest.strip() and not rest.strip().startswith(":"):
+                    m = KIND_LINE.match(rest.strip())
+                    if m and len(m.group("stars")) == 3:
+                        return m.group("activity"), m.group("stars").count("★")
+                    return "", 0
+    return "", 0
+
+
 def _solution_labels(source: str) -> list[str]:
     return [m.group("rest").strip() for m in map(_FENCE.match, source.splitlines())
             if m and m.group("name") in ("solution", "solution-start")]
@@ -400,7 +425,10 @@ def book_exercises(root: Path = ROOT, orphans: list[str] | None = None) -> list[
                 for label, title in _exercise_heads(cell.source):
                     number = sum(e.notebook == path.name for e in found) + 1
                     current = Exercise(section, number, label, title, "question", path.name)
+                    current.activity, current.difficulty = _kind_line(cell.source, label)
                     found.append(current)
+                if current is not None and not current.has_solution:
+                    current.hints += len(_HINT.findall(cell.source))
                 for label in _solution_labels(cell.source):
                     for e in found:
                         if e.label == label:
@@ -437,6 +465,12 @@ def consistency_problems(root: Path = ROOT) -> list[str]:
             problems.append(f"{where}: the {{exercise}} has no title")
         if not e.has_solution:
             problems.append(f"{where}: no {{solution}} or {{solution-start}} block with this label")
+        if not e.activity:
+            problems.append(f"{where}: the statement should open with its kind line, e.g. "
+                            f"'*Kind: experiment · difficulty ★★☆*' (experiment, derivation or implementation)")
+        if not 1 <= e.hints <= 3:
+            problems.append(f"{where}: {e.hints} hints; give one to three ('{{admonition}} Hint 1', "
+                            f"':class: dropdown') between the statement and the solution")
         for stub in e.stubs:
             if not stub.strip():
                 problems.append(f"{where}: a solution cell has no stub")
@@ -454,6 +488,11 @@ def consistency_problems(root: Path = ROOT) -> list[str]:
             for fn in called:
                 if fn not in e.functions:
                     problems.append(f"{where}: a check cell checks {fn}, which no solution of this exercise defines")
+    for section, path in notebooks_in_order(root):
+        mine = [e for e in exercises if e.section == section]
+        if mine and not any(e.activity == "experiment" for e in mine):
+            problems.append(f"{path.name}: no experiment among its exercises; every section asks for at least one "
+                            f"(predict, run, explain)")
     return problems
 
 

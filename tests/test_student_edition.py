@@ -319,13 +319,18 @@ def _tiny_book(tmp_path: Path, cells) -> Path:
     return root
 
 
+HINT = "```{admonition} Hint 1\n:class: dropdown\n\nMultiply.\n```"
+
+
 def _exercise(stub: str | None = 'def f(x):\n    raise NotImplementedError("Exercise 1.1: write f")',
               check: str | None = "from kvlib.exercises import check_f\ncheck_f(f)"):
     meta = {"tags": ["solution"]}
     if stub is not None:
         meta["stub"] = stub
     cells = [
-        nbformat.v4.new_markdown_cell("# One\n\n```{exercise} Write f\n:label: ex-one-1\n\nWrite f.\n```"),
+        nbformat.v4.new_markdown_cell("# One\n\n```{exercise} Write f\n:label: ex-one-1\n\n"
+                                      "*Kind: experiment · difficulty ★☆☆*\n\nWrite f.\n```"),
+        nbformat.v4.new_markdown_cell(HINT),
         nbformat.v4.new_markdown_cell("```{solution-start} ex-one-1\n:class: dropdown\n```\nThe secret explanation."),
         nbformat.v4.new_code_cell("def f(x):\n    return x * 12345678  # the secret solution", metadata=meta),
         nbformat.v4.new_markdown_cell("```{solution-end}\n```"),
@@ -346,7 +351,7 @@ def test_the_tiny_book_is_fine(tmp_path):
 
 def test_a_solution_without_a_stub_stops_the_edition_loudly(tmp_path, capsys):
     root = _tiny_book(tmp_path, _exercise(stub=None))
-    with pytest.raises(se.StudentEditionError, match=r"01_one.ipynb.*cell 2.*no student stub"):
+    with pytest.raises(se.StudentEditionError, match=r"01_one.ipynb.*cell 3.*no student stub"):
         se.write_edition(root, root / "student", quiet=True)
     assert not (root / "student").exists()                     # nothing half-written
     assert se.main(["--root", str(root), "--out", "student"]) == 2
@@ -355,14 +360,14 @@ def test_a_solution_without_a_stub_stops_the_edition_loudly(tmp_path, capsys):
 
 def test_an_untagged_code_cell_inside_a_solution_block_stops_the_edition(tmp_path):
     cells = _exercise()
-    cells[2].metadata["tags"] = []
+    cells[3].metadata["tags"] = []
     root = _tiny_book(tmp_path, cells)
     with pytest.raises(se.StudentEditionError, match="inside a solution block is not tagged"):
         se.write_edition(root, root / "student", quiet=True)
 
 
 def test_an_unclosed_solution_block_stops_the_edition(tmp_path):
-    root = _tiny_book(tmp_path, _exercise()[:3])
+    root = _tiny_book(tmp_path, _exercise()[:4])
     with pytest.raises(se.StudentEditionError, match="never closed"):
         se.write_edition(root, root / "student", quiet=True)
 
@@ -381,23 +386,52 @@ def test_inconsistent_exercises_are_reported(tmp_path, kwargs, problem):
         se.write_edition(root, root / "student", quiet=True)
 
 
+def _with(cells, i, old, new):
+    cells[i].source = cells[i].source.replace(old, new)
+    return cells
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda c: _with(c, 0, "*Kind: experiment · difficulty ★☆☆*", "Difficulty: easy"), r"open with its kind line"),
+    (lambda c: _with(c, 0, "*Kind: experiment", "*Kind: puzzle"), r"open with its kind line"),
+    (lambda c: _with(c, 0, "★☆☆", "★★★★"), r"open with its kind line"),
+    (lambda c: _with(c, 0, "*Kind: experiment · difficulty ★☆☆*\n\nWrite f.", "Write f.\n\n*Kind: experiment · difficulty ★☆☆*"),
+     r"open with its kind line"),
+    (lambda c: c[:1] + c[2:], r"0 hints; give one to three"),
+    (lambda c: c[:1] + [nbformat.v4.new_markdown_cell(HINT.replace("1", str(n))) for n in range(1, 5)] + c[2:],
+     r"4 hints; give one to three"),
+    (lambda c: c[:1] + c[2:4] + [c[1]] + c[4:], r"0 hints"),                   # a hint after the solution
+    (lambda c: _with(c, 0, "*Kind: experiment", "*Kind: implementation"), r"no experiment among its exercises"),
+])
+def test_an_exercise_without_its_kind_hints_or_experiment_is_reported(tmp_path, change, problem):
+    root = _tiny_book(tmp_path, change(_exercise()))
+    problems = se.consistency_problems(root)
+    assert any(re.search(problem, p) for p in problems), problems
+
+
+def test_kind_difficulty_and_hints_are_read():
+    by_label = {e.label: e for e in se.book_exercises(ROOT)}
+    assert {e.activity for e in by_label.values()} == set(se.ACTIVITIES)
+    assert all(1 <= e.difficulty <= 3 and 1 <= e.hints <= 3 for e in by_label.values())
+
+
 def test_a_wrongly_numbered_label_is_reported(tmp_path):
     cells = _exercise()
     cells[0].source = cells[0].source.replace("ex-one-1", "ex-one-2")
-    cells[1].source = cells[1].source.replace("ex-one-1", "ex-one-2")
+    cells[2].source = cells[2].source.replace("ex-one-1", "ex-one-2")
     problems = se.consistency_problems(_tiny_book(tmp_path, cells))
     assert any("numbered in order" in p for p in problems), problems
 
 
 def test_a_question_with_its_solution_in_the_same_cell(tmp_path):
     cells = [nbformat.v4.new_markdown_cell(
-        "```{exercise} Think\n:label: ex-one-1\n\nWhy?\n```\n\n"
+        "```{exercise} Think\n:label: ex-one-1\n\n*Kind: experiment · difficulty ★★★*\n\nWhy?\n```\n\n" + HINT + "\n\n"
         "````{solution} ex-one-1\n:class: dropdown\n\nBecause of the hidden reason.\n```python\nx = 1\n```\n````\n\nAfter.")]
     root = _tiny_book(tmp_path, cells)
     assert se.consistency_problems(root) == []
     se.write_edition(root, root / "student", quiet=True)
     md = nbformat.read(root / "student" / "chapters" / "01_one.ipynb", as_version=4).cells[0].source
-    assert "Why?" in md and "After." in md
+    assert "Why?" in md and "After." in md and "Multiply." in md           # the hint stays
     assert "hidden reason" not in md and "{solution}" not in md and "x = 1" not in md
 
 
