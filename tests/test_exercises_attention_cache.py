@@ -430,7 +430,7 @@ def test_cache_prediction_right_passes(capsys):
     ("pos", 10, r"too low[\s\S]*each decode step one more"),
 ])
 def test_cache_prediction_wrong_answers_say_why(key, value, match):
-    with pytest.raises(CheckFailed, match=rf"Exercise 3.3: you predicted [\d.e+]+ for '{key}'[\s\S]*" + match):
+    with pytest.raises(CheckFailed, match=rf"Exercise 3.3: you predicted [\d.,e+]+ for '{key}'[\s\S]*" + match):
         kvc.check_cache_prediction(lambda: {**RIGHT, key: value})
 
 

@@ -37,3 +37,14 @@ def test_choice_right_and_wrong_both_say_why(capsys):
         check_choice("Exercise 9.9", "z", CHOICES)
     with pytest.raises(CheckFailed, match="choose one of"):
         check_choice("Exercise 9.9", None, CHOICES)
+
+
+def test_predictions_print_whole_numbers_with_separators(capsys):
+    from kvlib.exercises.framework import check_prediction, fmt_number
+
+    assert [fmt_number(x) for x in (143_025_408, 1240.0, 16, 3.2594, 1691.6, 1e20)] == [
+        "143,025,408", "1,240", "16", "3.259", "1692", "1e+20"]
+    check_prediction("Exercise 9.9", 143_025_408, 143_025_408.0, rel_tol=0.01, what="the bytes")
+    assert "you predicted 143,025,408 for the bytes; it is 143,025,408 (within 1 %)" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"you predicted 1,000 for the bytes, but it is 1,823: too low by 45 %"):
+        check_prediction("Exercise 9.9", 1000, 1823, rel_tol=0.08, what="the bytes")

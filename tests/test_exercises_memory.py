@@ -200,7 +200,7 @@ def test_the_int8_experiments_reference_passes(capsys):
     check_int8_context(1_250)                      # a plain number, within 2 %
     check_int8_explanation(lambda: "d")
     out = capsys.readouterr().out
-    assert "✓ Exercise 6.3: you predicted 1240 for the longest context" in out
+    assert "✓ Exercise 6.3: you predicted 1,240 for the longest context" in out
     assert "✓ Exercise 6.3: (d) is right." in out
 
 

@@ -59,7 +59,7 @@ def test_references_pass(capsys):
     out = capsys.readouterr().out
     assert "✓ Exercise 5.1: all 7 cases pass" in out
     assert "✓ Exercise 5.2: you predicted 16 " in out and "✓ Exercise 5.2: (a) is right" in out
-    assert "✓ Exercise 5.3: you predicted 1692 " in out and "it is 1823 " in out
+    assert "✓ Exercise 5.3: you predicted 1692 " in out and "it is 1,823 " in out
 
 
 # ----------------------------------------------------------------- 5.1 the closest call

@@ -169,6 +169,14 @@ def student_answer(exercise: str, fn: Any, what: str) -> Any:
         raise CheckFailed(f"{exercise}: your function raised {type(e).__name__}: {e}") from None
 
 
+def fmt_number(x: float) -> str:
+    """A predicted or measured number as a learner reads it: a whole number with thousands separators
+    (``143,025,408``, not ``1.43e+08``), anything else to four significant digits (``3.259``)."""
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e15):
+        return f"{int(x):,}"
+    return f"{x:.4g}"
+
+
 def check_prediction(exercise: str, predicted: Any, measured: float, *, rel_tol: float, what: str,
                      why: str = "") -> None:
     """Grade a predicted number against what the experiment ``measured`` (or what a formula gives).
@@ -188,11 +196,11 @@ def check_prediction(exercise: str, predicted: Any, measured: float, *, rel_tol:
     else:
         error = 0.0 if predicted == 0 else (float("inf") if predicted > 0 else -float("inf"))
     if abs(error) <= rel_tol:
-        print(f"✓ {exercise}: you predicted {predicted:.4g} for {what}; it is {measured:.4g} "
+        print(f"✓ {exercise}: you predicted {fmt_number(predicted)} for {what}; it is {fmt_number(measured)} "
               f"(within {100 * rel_tol:.0f} %).")
         return
     direction = "too high" if predicted > measured else "too low"
-    message = (f"{exercise}: you predicted {predicted:.4g} for {what}, but it is {measured:.4g}: "
+    message = (f"{exercise}: you predicted {fmt_number(predicted)} for {what}, but it is {fmt_number(measured)}: "
                f"{direction} by {100 * abs(error):.0f} % (within {100 * rel_tol:.0f} % passes).")
     raise CheckFailed(message + (f"\n  hint: {why}" if why else ""))
 
