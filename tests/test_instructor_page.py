@@ -1,8 +1,9 @@
 """The instructors' page lists every exercise of the notebooks, as the notebooks have it.
 
-The exercises are read from the notebooks' ``{exercise}`` directives (label, title, and
-whether a check cell follows: code or question); the page's table must have one row for
-each, with the same section, number, title and kind, and an estimate in minutes.
+The exercises are read from the notebooks' ``{exercise}`` directives (label, title, the kind
+line's kind and difficulty, and whether a check cell follows); the page's table must have one
+row for each, with the same number, title, kind, difficulty and grading, an estimate in
+minutes, how its check grades, and a mistake its check names.
 """
 from __future__ import annotations
 
@@ -25,15 +26,20 @@ EXERCISES = se.book_exercises(ROOT)
 NOTEBOOKS = se.notebooks_in_order(ROOT)
 
 
+COLUMNS = ("number", "label", "title", "kind", "difficulty", "graded", "minutes", "how", "mistake")
+GRADED = {"code": "check", "question": "written"}         # a check cell follows, or a written solution only
+
+
 def _table() -> dict[str, dict]:
     """The rows of the page's exercise table, by label."""
     rows = {}
     for line in PAGE.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and re.fullmatch(r"`ex-[a-z0-9]+-\d+`", cells[2]):
-            section, number, label, title, kind, minutes = cells
-            assert label.strip("`") not in rows, f"{label} is listed twice"
-            rows[label.strip("`")] = dict(section=section, number=number, title=title, kind=kind, minutes=minutes)
+        if len(cells) == len(COLUMNS) and re.fullmatch(r"`ex-[a-z0-9]+-\d+`", cells[1]):
+            row = dict(zip(COLUMNS, cells))
+            label = row["label"].strip("`")
+            assert label not in rows, f"{label} is listed twice"
+            rows[label] = row
     return rows
 
 
@@ -51,11 +57,16 @@ def test_every_exercise_is_in_the_table_as_the_notebook_has_it(exercise):
     rows = _table()
     assert exercise.label in rows, f"{exercise.label} ({exercise.notebook}) is missing from {PAGE.name}'s table"
     row = rows[exercise.label]
-    assert row["section"] == str(exercise.section)
     assert row["number"] == f"{exercise.section}.{exercise.number}"
     assert row["title"] == exercise.title
-    assert row["kind"] == exercise.kind, f"{exercise.label} is a {exercise.kind} exercise in the notebook"
+    assert row["kind"] == exercise.activity, f"{exercise.label} is {exercise.activity!r} in the notebook"
+    stars = "★" * exercise.difficulty + "☆" * (3 - exercise.difficulty)
+    assert row["difficulty"] == stars, f"{exercise.label} is {stars} in the notebook"
+    assert row["graded"] == GRADED[exercise.kind], f"{exercise.label}: the notebook has a {exercise.kind} exercise"
     assert row["minutes"].isdigit() and 0 < int(row["minutes"]) <= 120
+    assert len(row["how"]) > 10, f"{exercise.label}: say how its check grades"
+    if exercise.kind == "code":
+        assert len(row["mistake"]) > 10, f"{exercise.label}: name a mistake its check names"
 
 
 def test_every_row_is_an_exercise_of_the_notebooks():
@@ -64,7 +75,7 @@ def test_every_row_is_an_exercise_of_the_notebooks():
     labels = {e.label for e in EXERCISES}
     sections_with_exercises = {e.section for e in EXERCISES}
     for label, row in _table().items():
-        if int(row["section"]) in sections_with_exercises:
+        if int(row["number"].split(".")[0]) in sections_with_exercises:
             assert label in labels, f"{PAGE.name} lists {label}, which no notebook has"
 
 

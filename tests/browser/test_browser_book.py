@@ -1,10 +1,11 @@
 """Every page of the built book, in Chromium, offline: it loads without a failed request,
 a request to another host, or an error; its buttons point where _config.yml says; its
-exercise solutions stay hidden until clicked."""
+exercise hints and solutions stay hidden until clicked, the hints before the solutions."""
 from __future__ import annotations
 
 import json
 import posixpath
+import re
 from html.parser import HTMLParser
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -16,6 +17,7 @@ from book_html import HTML_ROOT, book_pages, read_page, repository
 PAGES = book_pages()
 NOTEBOOK_PAGES = [p for p in PAGES if (HTML_ROOT / "_sources" / p).with_suffix(".ipynb").is_file()]
 SOLUTION_PAGES = [p for p in PAGES if 'class="solution' in read_page(p)]
+HINT_PAGES = [p for p in PAGES if '<p class="admonition-title">Hint 1</p>' in read_page(p)]
 
 
 def _params(pages):
@@ -140,6 +142,24 @@ def test_launch_and_download_buttons_follow_the_repository_setting(book, name):
     book.assert_clean()
 
 
+def _hidden_until_clicked(name: str, what: str, box) -> None:
+    """``box`` (a solution or a hint) is a dropdown: its title shows, its body is hidden until the
+    title's toggle is clicked, then shows something, and hides again on a second click."""
+    title = box.locator(":scope > .admonition-title")
+    assert "dropdown" in (box.get_attribute("class") or "").split(), (
+        f"{name}: {what} ({title.inner_text()!r}) is not a dropdown (:class: dropdown)")
+    body = box.locator(":scope > :not(.admonition-title)")
+    assert body.count() > 0, f"{name}: {what} is empty"
+    expect(title).to_be_visible()
+    for j in range(body.count()):
+        expect(body.nth(j)).to_be_hidden()
+    box.locator(".toggle-button").first.click()
+    expect(body.first).to_be_visible()
+    assert body.first.inner_text().strip(), f"{name}: {what} shows nothing once opened"
+    box.locator(".toggle-button").first.click()
+    expect(body.first).to_be_hidden()
+
+
 @pytest.mark.parametrize("name", _params(SOLUTION_PAGES))
 def test_exercise_solutions_are_hidden_until_clicked(book, name):
     book.open(name)
@@ -147,18 +167,26 @@ def test_exercise_solutions_are_hidden_until_clicked(book, name):
     count = solutions.count()
     assert count == read_page(name).count('<div class="solution'), "not every solution is on the page"
     for i in range(count):
-        solution = solutions.nth(i)
-        title = solution.locator(":scope > .admonition-title")
-        assert "dropdown" in (solution.get_attribute("class") or "").split(), (
-            f"{name}: solution {i + 1} ({title.inner_text()!r}) is not a dropdown (:class: dropdown)")
-        body = solution.locator(":scope > :not(.admonition-title)")
-        assert body.count() > 0, f"{name}: solution {i + 1} is empty"
-        expect(title).to_be_visible()
-        for j in range(body.count()):
-            expect(body.nth(j)).to_be_hidden()
-        solution.locator(".toggle-button").first.click()
-        expect(body.first).to_be_visible()
-        assert body.first.inner_text().strip(), f"{name}: solution {i + 1} shows nothing once opened"
-        solution.locator(".toggle-button").first.click()
-        expect(body.first).to_be_hidden()
+        _hidden_until_clicked(name, f"solution {i + 1}", solutions.nth(i))
+    book.assert_clean()
+
+
+# The order of a page's exercises (E), their hints (H) and solutions (S), as the browser shows them.
+_ORDER = """() => Array.from(document.querySelectorAll('div.exercise, div.solution, div.admonition'))
+    .map(d => d.classList.contains('exercise') ? 'E' : d.classList.contains('solution') ? 'S'
+         : (/^Hint \\d+$/.test(d.querySelector(':scope > .admonition-title')?.textContent.trim() ?? '') ? 'H' : ''))
+    .join('')"""
+
+
+@pytest.mark.parametrize("name", _params(HINT_PAGES))
+def test_exercise_hints_come_before_the_solutions_and_open_on_click(book, name):
+    book.open(name)
+    hints = book.page.locator("div.admonition:has(> p.admonition-title:text-matches('^Hint \\d+$'))")
+    count = hints.count()
+    assert count == read_page(name).count('<p class="admonition-title">Hint '), "not every hint is on the page"
+    order = book.page.evaluate(_ORDER)
+    # every exercise is its statement, then its hints, then its solution: no hint after a solution
+    assert re.fullmatch(r"(EH+S)+", order), f"{name}: exercises (E), hints (H), solutions (S) in the order {order}"
+    for i in range(count):
+        _hidden_until_clicked(name, f"hint {i + 1}", hints.nth(i))
     book.assert_clean()
