@@ -8,7 +8,8 @@ import kvlib
 import kvlib.exercises as ex
 from kvlib.exercises import (CheckFailed, check_knee_explanation, check_levels_off_at, check_predicted_steps,
                              check_predicted_useful_share, check_slot_step)
-from kvlib.exercises.batching import KNEE_CHOICES, WASTE_ANSWERS, WASTE_SLOTS, _slot_cases, waste_runs
+from kvlib.exercises.batching import KNEE_CHOICES, _slot_cases
+from kvlib.exercises.batching_waste import WASTE_ANSWERS, WASTE_SLOTS, waste_runs
 
 
 # ----------------------------------------------------------------- the reference solutions

@@ -13,9 +13,10 @@ import kvlib.exercises as ex
 from kvlib.cache import Int8KVCache, MODEL_SHAPES
 from kvlib.exercises import CheckFailed
 from kvlib.exercises import quantization as qz
-from kvlib.exercises.quantization import (check_first_flip, check_flip_prediction, check_found_flip,
-                                          check_prefill_explanation, check_q8_0_bytes, check_q8_0_explanation,
+from kvlib.exercises import quantization_flip as qf
+from kvlib.exercises.quantization import (check_prefill_explanation, check_q8_0_bytes, check_q8_0_explanation,
                                           check_quantize_int4, check_quantized_knee)
+from kvlib.exercises.quantization_flip import check_first_flip, check_flip_prediction, check_found_flip
 
 # What the first cell of chapters/08_quantization.ipynb prints: the weights of the 210 layer matrices
 # and of the embedding, names its solution of 8.1 uses.
@@ -271,7 +272,7 @@ def test_int4_answers_of_the_wrong_kind_fail():
 # ------------------------------------------------------------------------ 8.3, the first flip
 
 def test_the_flip_cases_cover_none_zero_and_later_flips():
-    expected = [case.expected for case in qz._flip_cases()]
+    expected = [case.expected for case in qf._flip_cases()]
     assert expected[0] is None and expected[3] is None
     assert expected[1] == 0
     assert all(isinstance(e, int) and e > 0 for e in (expected[2], expected[4])) and expected[2] != expected[4]
@@ -280,7 +281,7 @@ def test_the_flip_cases_cover_none_zero_and_later_flips():
 def test_the_flip_cases_are_far_from_ties():
     """The cases' answers must not hang on float rounding: a student whose float32 run computes the
     same numbers another way (without the cache, say) must get the same tokens."""
-    for case in qz._flip_cases():
+    for case in qf._flip_cases():
         model, prompt, n_new, make = case.args
         for cache in (None, make()):
             run = kvlib.generate(model, prompt, n_new, return_records=True, cache=cache)
@@ -347,7 +348,7 @@ def test_typical_first_flip_mistakes_get_their_hint(wrong, hint):
 def test_wrong_flip_predictions_are_told_why(letter):
     with pytest.raises(CheckFailed, match=rf"\({letter}\) is not it\. ") as info:
         check_flip_prediction(lambda: letter)
-    assert qz.FLIP_CHOICES[letter][1] in str(info.value)
+    assert qf.FLIP_CHOICES[letter][1] in str(info.value)
 
 
 # ---------------------------------------------------------------------- 8.3, the found flip
@@ -383,7 +384,7 @@ def _check_tiny(model, answer):
 def test_a_found_flip_is_verified_and_returned(tiny_flip, capsys):
     model, (question, index) = tiny_flip
     got = check_found_flip(find_flip, model, _CharTokenizer(), questions=TINY_QUESTIONS, n_new=24)
-    assert got == qz.FoundFlip(question, index) and got.question == question and got.index == index
+    assert got == qf.FoundFlip(question, index) and got.question == question and got.index == index
     out = capsys.readouterr().out
     assert f"✓ Exercise 8.3: {question!r} parts at new token {index}" in out and "both above 0.001" in out
     assert _check_tiny(model, [question, np.int64(index)]) == (question, index)      # a list, a NumPy int
@@ -403,7 +404,7 @@ def test_an_index_before_the_flip_is_refused(tiny_flip):
 
 def test_a_flip_without_a_clear_margin_is_refused(tiny_flip, monkeypatch):
     model, found = tiny_flip
-    monkeypatch.setattr(qz, "FLIP_MARGIN", 1e3)
+    monkeypatch.setattr(qf, "FLIP_MARGIN", 1e3)
     with pytest.raises(CheckFailed, match="refused. The float32 cache's two best logits .* Try another prompt"):
         _check_tiny(model, found)
 
@@ -442,7 +443,7 @@ def test_the_search_on_the_real_model_passes_its_check(capsys):
     """The reference search over the chat questions, 16 tokens each, and the check's own runs."""
     model, tokenizer = kvlib.load_smollm2()
     flip = check_found_flip(find_flip, model, tokenizer)
-    assert 0 <= flip.index < qz.FLIP_TOKENS
+    assert 0 <= flip.index < qf.FLIP_TOKENS
     assert f"✓ Exercise 8.3: {flip.question!r} parts at new token {flip.index}" in capsys.readouterr().out
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ..config import Config
 from ..measure.flops import generation_ratio
-from .framework import Case, CheckFailed, check_choice, check_prediction, diagnose, run_check, student_answer
+from .framework import Case, check_choice, check_prediction, diagnose, run_check, student_answer
 
 __all__ = ["check_closest_call", "check_speedup_limit", "check_speedup_explanation", "check_thousand_times",
            "tokens_for_ratio"]
