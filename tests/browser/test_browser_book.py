@@ -174,14 +174,15 @@ def test_exercise_solutions_are_hidden_until_clicked(book, name):
 # The order of a page's exercises (E), their hints (H) and solutions (S), as the browser shows them.
 _ORDER = """() => Array.from(document.querySelectorAll('div.exercise, div.solution, div.admonition'))
     .map(d => d.classList.contains('exercise') ? 'E' : d.classList.contains('solution') ? 'S'
-         : (/^Hint \\d+$/.test(d.querySelector(':scope > .admonition-title')?.textContent.trim() ?? '') ? 'H' : ''))
+         : (/^Hint \\d+/.test(d.querySelector(':scope > .admonition-title')?.textContent.trim() ?? '') ? 'H' : ''))
     .join('')"""
 
 
 @pytest.mark.parametrize("name", _params(HINT_PAGES))
 def test_exercise_hints_come_before_the_solutions_and_open_on_click(book, name):
     book.open(name)
-    hints = book.page.locator("div.admonition:has(> p.admonition-title:text-matches('^Hint \\d+$'))")
+    title = book.page.locator(":scope > .admonition-title", has_text=re.compile(r"^\s*Hint \d+"))
+    hints = book.page.locator("div.admonition").filter(has=title)
     count = hints.count()
     assert count == read_page(name).count('<p class="admonition-title">Hint '), "not every hint is on the page"
     order = book.page.evaluate(_ORDER)
