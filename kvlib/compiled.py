@@ -29,9 +29,10 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
     return BackendCompilerFailed, InductorError, CppCompileError
 
 
-def _decode_one_token(model: torch.nn.Module, ids: torch.Tensor, offset: int, cache: KVCache) -> torch.Tensor:
-    """``model.run`` for one new token per sequence, logits of the last position: ``(batch, 1, vocab)``."""
-    return model.run(ids, offset, cache, last_only=True)
+def _decode_one_token(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, end: int,
+                      cache: KVCache) -> torch.Tensor:
+    """``model.run`` for one new token per sequence, at ``positions`` ``(batch, 1)``: ``(batch, 1, vocab)``."""
+    return model.run(ids, positions, cache, end=end, last=-1)
 
 
 def _cache_sizes_are_dynamic():
@@ -64,7 +65,7 @@ class CompiledDecodeStep:
         self.model.check_input(ids, cache)
         try:
             with _cache_sizes_are_dynamic():
-                logits = self._fn(self.model, ids, cache.pos, cache)
+                logits = self._fn(self.model, ids, cache.positions(1), cache.end(1), cache)
         except _compile_errors() as err:   # most often: no C++ compiler for the CPU backend
             raise RuntimeError(
                 f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "

@@ -1,17 +1,21 @@
 """Writing tokens one at a time, with the KV cache (the running total) or without (re-adding the list).
 
-Three small pieces, after gpt-fast: :func:`sample` picks the next token from logits (a pure
-function), one step runs the model (the prefill, then one token at a time), and
-:func:`generate` loops over the steps and keeps a record of each.
+Small pieces, after gpt-fast: :func:`sample` picks the next token from logits (a pure
+function), :func:`check_prompts` says what is wrong with a prompt, and one loop,
+:func:`decode`, runs the steps (the prefill, then one token per row at a time) and keeps a
+record of each. :func:`generate` (one prompt) and :func:`kvlib.generate_batch` (several) are
+that loop with one row or many.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Sequence, overload
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
 from .cache.base import KVCache
+from .compiled import compiled_decode_step
 from .checks import non_negative_int, optional_positive_int
 from .clock import Stopwatch
 
@@ -21,18 +25,26 @@ class StepRecord:
     """One step of generation: how many tokens the model saw and how long it took."""
 
     step: int            # 0 is the first new token (the prefill, with a cache)
-    context_len: int     # tokens of context the new token was computed from
-    tokens_in: int       # tokens fed through the model this step (1 with a warm cache)
+    context_len: int     # tokens of context the new token was computed from (the longest row's)
+    tokens_in: int       # tokens fed through the model this step, every row, padding included
     seconds: float
+    batch: int = 1       # rows still writing at this step
 
 
-@dataclass
-class Generation:
-    """What :func:`generate` hands back with ``return_records=True``."""
+class Generation(list):
+    """The new token ids of one prompt (a ``list[int]``), with how they were made:
+    ``records``, one :class:`StepRecord` per step, and ``logits``, ``(n_new, vocab)`` float32 on
+    the CPU, the scores each token was chosen from (kept when asked: ``keep_logits=True``)."""
 
-    tokens: list[int]
-    records: list[StepRecord] = field(default_factory=list)
-    logits: torch.Tensor | None = None   # (n_new, vocab) float32 on the CPU: the logits each token was chosen from
+    def __init__(self, tokens: Sequence[int] = (), records: list[StepRecord] | None = None,
+                 logits: torch.Tensor | None = None) -> None:
+        super().__init__(tokens)
+        self.records = records if records is not None else []
+        self.logits = logits
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self)
 
     @property
     def seconds(self) -> float:
@@ -59,59 +71,167 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     check_sampling(temperature, top_k)
     if temperature == 0.0:
         return logits.argmax(dim=-1)
+    probs = probabilities(logits, temperature, top_k).reshape(-1, logits.shape[-1]).cpu()   # (rows, vocab)
+    return torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[:-1]).to(logits.device)
+
+
+def probabilities(logits: torch.Tensor, temperature: float, top_k: int | None = None) -> torch.Tensor:
+    """The distribution :func:`sample` draws from (``temperature > 0``): ``softmax(logits / T)``
+    over the ``top_k`` most likely tokens (the others get 0), float32."""
     scaled = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), dim=-1).values[..., -1:]   # (..., 1)
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1).reshape(-1, scaled.shape[-1]).cpu()             # (rows, vocab)
-    return torch.multinomial(probs, 1, generator=generator).reshape(scaled.shape[:-1]).to(logits.device)
+    return torch.softmax(scaled, dim=-1)
 
 
-def _as_prompt(prompt_ids: Sequence[int] | torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() != 1:
-            raise ValueError(f"prompt_ids must be 1-D (one sequence), got shape {tuple(prompt_ids.shape)}")
-        if prompt_ids.is_floating_point() or prompt_ids.dtype == torch.bool:
-            raise TypeError(f"prompt_ids must hold integer token ids, got dtype {prompt_ids.dtype}")
-        ids = prompt_ids.to(device=device, dtype=torch.long)
-    else:
-        ids_list = list(prompt_ids)
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids_list):
-            raise TypeError("prompt_ids must be a list of ints or a 1-D LongTensor")
-        ids = torch.tensor(ids_list, dtype=torch.long, device=device)
-    if ids.numel() == 0:
-        raise ValueError("prompt_ids is empty: the model needs at least one token to continue from")
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"prompt token ids must lie in 0..{vocab_size - 1}, got values from {lo} to {hi}")
+def check_prompts(prompts: Sequence[Sequence[int] | torch.Tensor], vocab_size: int, max_seq_len: int,
+                  max_new_tokens: int | Sequence[int], stop_token: int | None = None, *,
+                  what: str = "prompt") -> list[list[int]]:
+    """The prompts as lists of ints, or a ``TypeError``/``ValueError`` naming the ``what`` at fault
+    by its index: no prompts, an empty prompt, an id outside the vocabulary, or a prompt that
+    with its new tokens would not fit the model (nothing is cut short silently)."""
+    if isinstance(prompts, (torch.Tensor, str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("no prompts: give at least one list of token ids")
+    news = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    return [check_prompt(f"{what} {i}", prompt, vocab_size, max_seq_len, n_new, stop_token)
+            for i, (prompt, n_new) in enumerate(zip(prompts, news))]
+
+
+def check_prompt(name: str, prompt: Sequence[int] | torch.Tensor, vocab_size: int, max_seq_len: int,
+                 n_new: int, stop_token: int | None) -> list[int]:
+    """One prompt as a list of ints, or a clear error that starts with ``name`` ("request 3")."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.is_floating_point() or prompt.dtype == torch.bool:
+            raise TypeError(f"{name}: a tensor prompt must be 1-D and hold integer token ids, "
+                            f"got shape {tuple(prompt.shape)}, dtype {prompt.dtype}")
+        prompt = prompt.tolist()
+    ids = list(prompt)
+    if not ids:
+        raise ValueError(f"{name} is empty: the model needs at least one token to continue from")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise TypeError(f"{name} must be a list of ints (token ids) or a 1-D integer tensor, got {ids[:5]}")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{name} holds token id {bad[0]}, outside the vocabulary 0..{vocab_size - 1}")
+    if len(ids) + n_new > max_seq_len:
+        raise ValueError(f"{name}: {len(ids)} tokens + max_new_tokens ({n_new}) = {len(ids) + n_new} exceeds "
+                         f"the model's max_seq_len={max_seq_len}; shorten the prompt or ask for fewer tokens")
+    if stop_token is not None and not (isinstance(stop_token, int) and 0 <= stop_token < vocab_size):
+        raise ValueError(f"stop_token must be a token id in 0..{vocab_size - 1}, got {stop_token!r}")
     return ids
 
 
-@overload
-def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
-             use_cache: bool = ..., temperature: float = ..., top_k: int | None = ...,
-             generator: torch.Generator | None = ..., stop_token: int | None = ..., progress: bool = ...,
-             return_records: Literal[False] = ..., cache: KVCache | None = ..., compile: bool = ...) -> list[int]: ...
+def padded(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, list[int] | None]:
+    """Rows of different lengths as one ``(batch, longest)`` tensor, padded on the right with 0, and
+    each row's length (``None`` when they are all the same: no padding)."""
+    widths = [len(r) for r in rows]
+    longest = max(widths)
+    ids = torch.tensor([list(r) + [0] * (longest - len(r)) for r in rows], dtype=torch.long, device=device)
+    return ids, (None if min(widths) == longest else widths)
 
 
-@overload
-def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
-             use_cache: bool = ..., temperature: float = ..., top_k: int | None = ...,
-             generator: torch.Generator | None = ..., stop_token: int | None = ..., progress: bool = ...,
-             return_records: Literal[True], cache: KVCache | None = ..., compile: bool = ...) -> Generation: ...
+StepFn = Callable[[torch.Tensor, KVCache], torch.Tensor]
 
 
 @torch.no_grad()
+def decode(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, *, use_cache: bool = True,
+           cache: KVCache | None = None, temperature: float = 0.0, top_k: int | None = None,
+           generator: torch.Generator | None = None, stop_token: int | None = None, progress: str | None = None,
+           keep_logits: bool = False, step_fn: StepFn | None = None) -> list[Generation]:
+    """The one generation loop: continue every row of ``rows`` (checked prompts) together.
+
+    With the cache the first step runs every prompt (the *prefill*, right-padded to the longest,
+    each row at its own length) and each later step feeds one token per row; without it every
+    step feeds every row's whole text again. A row that has stopped (``stop_token``) keeps its
+    place until every row has (a static batch). ``step_fn(ids, cache)`` runs a one-token step
+    (default: the model itself); ``progress`` is the label of a tqdm bar.
+    """
+    device = next(model.parameters()).device
+    if use_cache:
+        cache = cache or KVCache.for_model(model, batch=len(rows), max_len=max(map(len, rows)) + max_new_tokens)
+        cache.reset()
+    texts = [list(r) for r in rows]                      # each row's prompt and new tokens so far
+    out = [Generation() for _ in rows]
+    kept: list[list[torch.Tensor]] = [[] for _ in rows]
+    records: list[StepRecord] = []
+    running = [True] * len(rows)
+    feed, n_tokens = padded(texts, device)
+    bar = _bar(progress, max_new_tokens)
+    for step in range(max_new_tokens):
+        with Stopwatch(device) as watch:
+            if use_cache and step > 0 and step_fn is not None:
+                logits = step_fn(feed, cache)[:, -1]                                        # (batch, vocab)
+            elif use_cache and step == 0:
+                logits = prefill(model, feed, cache, n_tokens)
+            else:
+                logits = model(feed, cache if use_cache else None, last_only=True, n_tokens=n_tokens)[:, -1]
+            chosen = sample(logits, temperature, top_k, generator)                          # (batch,)
+        records.append(StepRecord(step, context_len=max(map(len, texts)), tokens_in=feed.numel(),
+                                  seconds=watch.seconds, batch=sum(running)))
+        for row, token in enumerate(chosen.tolist()):
+            texts[row].append(token)
+            if running[row]:
+                out[row].append(token)
+                if keep_logits:
+                    kept[row].append(logits[row].float().cpu())
+                running[row] = token != stop_token
+        if bar is not None:
+            bar.update()
+        if not any(running):
+            break
+        # With the cache only the new token goes in; without it, the whole text again.
+        feed, n_tokens = (chosen[:, None], None) if use_cache else padded(texts, device)
+    if bar is not None:
+        bar.close()
+    vocab = model.config.vocab_size
+    for gen, rows_logits in zip(out, kept):
+        gen.records = records
+        if keep_logits:
+            gen.logits = torch.stack(rows_logits) if rows_logits else torch.empty(0, vocab)
+    return out
+
+
+def prefill(model: torch.nn.Module, ids: torch.Tensor, cache: KVCache, n_tokens: list[int] | None) -> torch.Tensor:
+    """Run the prompts ``ids`` (right-padded, row ``b`` holding ``n_tokens[b]`` tokens) into ``cache``:
+    each row's last logits, ``(batch, vocab)``. In one pass, unless the cache stores whole rows
+    (:attr:`kvlib.KVCache.ragged_prefill`): then one row at a time, without its padding."""
+    if n_tokens is None or cache.ragged_prefill:
+        return model(ids, cache, last_only=True, n_tokens=n_tokens)[:, -1]
+    logits = [model(ids[row:row + 1, :n], cache.rows(row, row + 1), last_only=True)[:, -1]
+              for row, n in enumerate(n_tokens)]
+    cache.advance(n_tokens)
+    return torch.cat(logits)
+
+
+def _bar(label: str | None, total: int):
+    if label is None:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=label, unit="tok")
+
+
+def deprecated_records(return_records: bool, keep_logits: bool, where: str) -> bool:
+    """``return_records=True`` (kvlib 0.1) asked for the detailed result, which is now always
+    returned: warn once, and keep the logits it used to include."""
+    if return_records:
+        warnings.warn(f"{where}(return_records=True) is deprecated: the result always carries .records; "
+                      "pass keep_logits=True for .logits", DeprecationWarning, stacklevel=3)
+    return keep_logits or bool(return_records)
+
+
 def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
              use_cache: bool = True, temperature: float = 0.0, top_k: int | None = None,
              generator: torch.Generator | None = None, stop_token: int | None = None,
-             progress: bool = False, return_records: bool = False,
-             cache: KVCache | None = None, compile: bool = False) -> list[int] | Generation:
+             progress: bool = False, keep_logits: bool = False, cache: KVCache | None = None,
+             compile: bool = False, return_records: bool = False) -> Generation:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens.
 
-    Returns the new token ids (a ``list[int]``), or with ``return_records=True`` a
-    :class:`Generation`: the tokens, one :class:`StepRecord` per step and the logits each
-    token was chosen from (the two overloads give type checkers the exact type).
+    Returns a :class:`Generation`: the new token ids (a ``list[int]``), one :class:`StepRecord`
+    per step in ``.records``, and with ``keep_logits=True`` the logits each token was chosen
+    from in ``.logits``.
 
     ``use_cache=True`` runs the prompt once (the *prefill*) and then feeds one token per
     step, reusing stored keys and values. ``use_cache=False`` feeds the whole sequence
@@ -127,57 +247,18 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     """
     non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k)
+    keep_logits = deprecated_records(return_records, keep_logits, "generate")
+    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 1:
+        raise ValueError(f"prompt_ids must be 1-D (one sequence), got shape {tuple(prompt_ids.shape)}")
     cfg = model.config
-    device = next(model.parameters()).device
-    ids = _as_prompt(prompt_ids, cfg.vocab_size, device)
-    total = ids.numel() + max_new_tokens
-    if total > cfg.max_seq_len:
-        raise ValueError(f"prompt ({ids.numel()} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
-                         f"exceeds the model's max_seq_len={cfg.max_seq_len}")
-    if use_cache:
-        if cache is None:
-            cache = KVCache.for_model(model, batch=1, max_len=total)
-        cache.reset()
-    elif cache is not None:
-        raise ValueError("a cache was given but use_cache=False")
-    if compile and not use_cache:
-        raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
+    prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
+    if not use_cache and (cache is not None or compile):
+        raise ValueError("a cache (or compile=True) was given but use_cache=False: both speed up cached decoding")
+    step_fn = None
     if compile:
-        from .compiled import compiled_decode_step
-        decode_step = compiled_decode_step(model)
-    else:
-        def decode_step(feed: torch.Tensor, cache: KVCache) -> torch.Tensor:
-            return model(feed, cache, last_only=True)
-
-    feed = ids[None]                                   # (1, seq): what goes through the model this step
-    n_context = ids.numel()
-    new: list[int] = []
-    records: list[StepRecord] = []
-    step_logits: list[torch.Tensor] = []
-    steps = range(max_new_tokens)
-    if progress:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, desc="with cache" if use_cache else "without cache", unit="tok")
-    for step in steps:
-        with Stopwatch(device) as watch:
-            if use_cache and step > 0:
-                logits = decode_step(feed, cache)[0, -1]                              # (vocab,)
-            else:                           # the prefill, or the whole text again without a cache
-                logits = model(feed, cache if use_cache else None, last_only=True)[0, -1]
-            token = int(sample(logits, temperature, top_k, generator))
-        records.append(StepRecord(step, context_len=n_context, tokens_in=feed.shape[1], seconds=watch.seconds))
-        if return_records:
-            step_logits.append(logits.float().cpu())
-        new.append(token)
-        n_context += 1
-        nxt = torch.tensor([[token]], dtype=torch.long, device=device)
-        # With the cache only the new token goes in; without it, the whole sequence again.
-        feed = nxt if use_cache else torch.cat([feed, nxt], dim=1)
-        if stop_token is not None and token == stop_token:
-            break
-    if progress:
-        steps.close()
-    if not return_records:
-        return new
-    logits_t = torch.stack(step_logits) if step_logits else torch.empty(0, cfg.vocab_size)
-    return Generation(tokens=new, records=records, logits=logits_t)
+        step_fn = compiled_decode_step(model)
+    label = ("with cache" if use_cache else "without cache") if progress else None
+    (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, temperature=temperature,
+                    top_k=top_k, generator=generator, stop_token=stop_token, progress=label,
+                    keep_logits=keep_logits, step_fn=step_fn)
+    return gen

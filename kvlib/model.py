@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention
-from .cache.base import KVCache, LayerCache
+from .attention import Attention, KVStore
+from .cache.base import KVCache
 from .config import Config
-from .rope import RotaryEmbedding
+from .rope import RotaryEmbedding, as_positions
 
 
 class RMSNorm(nn.Module):
@@ -55,18 +56,19 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, offset: int | torch.Tensor,
-                cache: LayerCache | None = None, window: int | None = None, sinks: int = 0,
-                left_pad: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, offset, cache, window, sinks, left_pad)
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, positions: torch.Tensor,
+                cache: KVStore | None = None, layer: int = 0, end: int = 0,
+                window: int | None = None, sinks: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, positions, cache, layer, end, window, sinks)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class Decoder(nn.Module):
     """``model(ids)`` maps token ids ``(batch, seq)`` to next-token logits ``(batch, seq, vocab)``.
 
-    Pass a :class:`kvlib.KVCache` to reuse the keys and values of earlier tokens: the new
-    ids are then positions ``cache.pos, cache.pos + 1, ...`` and the cache advances past them.
+    Pass a :class:`kvlib.KVCache` to reuse the keys and values of earlier tokens: row ``b``'s
+    new ids are then positions ``cache.lengths[b], cache.lengths[b] + 1, ...`` and the cache
+    moves past them.
     """
 
     def __init__(self, config: Config) -> None:
@@ -81,6 +83,17 @@ class Decoder(nn.Module):
         self.lm_head: nn.Module | None = None
         self.apply(self._init_weights)
 
+    @classmethod
+    def empty(cls, config: Config) -> "Decoder":
+        """The layout of a decoder with no weights yet (its parameters on PyTorch's ``meta``
+        device, which stores nothing): what a loader fills with ``load_state_dict(state,
+        assign=True)``, without drawing random weights only to throw them away. The RoPE
+        tables, computed rather than loaded, are made for real."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
+        return model
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         # Wide enough that a random model's greedy text varies from token to token (with
@@ -91,58 +104,72 @@ class Decoder(nn.Module):
         elif isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=1.5 / math.sqrt(module.in_features))
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *,
-                last_only: bool = False, window: int | None = None, sinks: int = 0,
-                left_pad: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, *, last_only: bool = False,
+                window: int | None = None, sinks: int = 0, n_tokens: Sequence[int] | None = None) -> torch.Tensor:
         """Logits for every position of ``ids``, or only the last one with ``last_only=True``
         (what generation needs: ``(batch, 1, vocab)``).
 
-        With a cache, the ids are positions ``cache.pos, cache.pos + 1, ...``: their keys and
-        values are stored and the cache moves past them. ``window=W`` runs sliding-window
-        attention (each token sees the last ``W`` tokens, itself included) without a cache; a
-        :class:`kvlib.cache.SlidingWindowKVCache` brings its own window. ``sinks=S`` (with
-        ``window``, without a cache) lets every token also see the first ``S`` tokens:
-        StreamingLLM's attention sinks. ``left_pad`` (a ``(batch,)`` tensor) says how many
-        tokens at the start of each row are padding: they are masked, and each row's
-        positions count from its first real token (a batch of prompts of different lengths).
+        With a cache, row ``b``'s ids go to positions ``cache.lengths[b], ...``: their keys and
+        values are stored and the cache moves past them. ``n_tokens`` (one count per row) says
+        that only the first ``n_tokens[b]`` ids of row ``b`` are tokens and the rest is padding
+        (prompts of different lengths in one batch): the cache moves each row past its own
+        tokens only, and ``last_only`` gives each row's last token. ``window=W`` runs
+        sliding-window attention without a cache (a :class:`kvlib.cache.SlidingWindowKVCache`
+        brings its own window); ``sinks=S`` (with ``window``, without a cache) lets every token
+        also see the first ``S`` tokens: StreamingLLM's attention sinks.
 
         This is :meth:`check_input`, then :meth:`run`, then ``cache.advance``.
         """
         if sinks and (window is None or cache is not None):
             raise ValueError(f"sinks={sinks!r} keeps the first tokens visible beside a sliding window: give "
                              "window=W too, and run the whole sequence without a cache (model(ids, window=W, sinks=S))")
-        self.check_input(ids, cache, left_pad)
-        logits = self.run(ids, 0 if cache is None else cache.pos, cache, last_only=last_only, window=window,
-                          sinks=sinks, left_pad=left_pad)
+        self.check_input(ids, cache, n_tokens)
+        t = ids.shape[1]
+        if cache is None:
+            positions, end = torch.arange(t, device=ids.device)[None], t
+        else:
+            positions, end = cache.positions(t), cache.end(t)
+        last = None
+        if last_only:
+            last = -1 if n_tokens is None else torch.tensor(n_tokens, device=ids.device)[:, None] - 1
+        logits = self.run(ids, positions, cache, end=end, last=last, window=window, sinks=sinks)
         if cache is not None:
-            cache.advance(ids.shape[1])
+            cache.advance(t if n_tokens is None else n_tokens)
         return logits
 
-    def run(self, ids: torch.Tensor, offset: int | torch.Tensor = 0, cache: KVCache | None = None, *,
-            last_only: bool = False, window: int | None = None, sinks: int = 0,
-            left_pad: torch.Tensor | None = None) -> torch.Tensor:
-        """The forward pass itself: ``ids`` ``(batch, seq)`` at positions ``offset, offset + 1, ...``
-        to logits, writing their keys and values into ``cache`` when one is given.
+    def run(self, ids: torch.Tensor, positions: int | torch.Tensor, cache: KVStore | None = None, *,
+            end: int | None = None, last: int | torch.Tensor | None = None, window: int | None = None,
+            sinks: int = 0) -> torch.Tensor:
+        """The forward pass itself: ``ids`` ``(batch, seq)`` at ``positions`` ``(batch, seq)`` to
+        logits, through ``cache`` when one is given (which stores their keys and values).
 
-        It checks nothing and does not move the cache on (:meth:`forward` does both), so it
-        is the function to trace: :mod:`kvlib.compiled` compiles exactly this, and a change
-        here reaches the compiled path too. ``offset`` may hold one slot per row, ``(batch,)``:
-        each row's tokens are written at its own slot, and attend causally within its row.
+        It checks nothing and moves no cache on (:meth:`forward` does both), so it is the
+        function to trace: :mod:`kvlib.compiled` compiles exactly this, and the serving engine
+        (:mod:`kvlib.serve`) runs it over its paged pool. ``last``: ``None`` for the logits of
+        every token; ``-1`` for the last column only, ``(batch, 1, vocab)``; a ``(batch, k)`` tensor
+        for ``k`` chosen columns of each row, ``(batch, k, vocab)``. ``positions`` may be an int ``p``
+        (the tokens sit at ``p, p + 1, ...``); ``end`` (what a :class:`kvlib.KVCache` reads, see
+        :meth:`kvlib.KVCache.end`) is then ``p + seq``, else one past the furthest position.
         """
+        if end is None:
+            end = positions + ids.shape[1] if isinstance(positions, int) else int(positions.max()) + 1
+        positions = as_positions(positions, ids.shape[1], ids.device)
         x = self.embed(ids)                                        # (batch, seq, d_model)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rope, offset, None if cache is None else cache.layers[i], window, sinks, left_pad)
-        if last_only:
-            x = x[:, -1:]
+            x = block(x, self.rope, positions, cache, i, end, window, sinks)
+        if isinstance(last, torch.Tensor):
+            x = x[torch.arange(x.shape[0], device=x.device)[:, None], last]    # (batch, k, d_model)
+        elif last is not None:
+            x = x[:, last:][:, :1]
         if self.lm_head is not None:
             return self.lm_head(self.norm(x))
         return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
 
     def check_input(self, ids: torch.Tensor, cache: KVCache | None = None,
-                    left_pad: torch.Tensor | None = None) -> None:
-        """Raise a clear ``TypeError``/``ValueError`` if ``ids`` (and ``cache``, ``left_pad``) cannot
+                    n_tokens: Sequence[int] | None = None) -> None:
+        """Raise a clear ``TypeError``/``ValueError`` if ``ids`` (and ``cache``, ``n_tokens``) cannot
         go through this model: wrong type, shape or dtype, ids outside the vocabulary, too long a
-        sequence, a cache of another shape, dtype or size, or padding longer than a row."""
+        sequence, a cache of another shape, dtype or size, or counts that do not fit the rows."""
         cfg = self.config
         if not isinstance(ids, torch.Tensor):
             raise TypeError(f"ids must be a torch.Tensor of token ids, got {type(ids).__name__}")
@@ -157,28 +184,28 @@ class Decoder(nn.Module):
         if lo < 0 or hi >= cfg.vocab_size:
             raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1} (the vocabulary), "
                              f"got values from {lo} to {hi}")
-        start = 0 if cache is None else int(torch.as_tensor(cache.pos).max())
+        start = 0 if cache is None else max(cache.lengths)
         if start + ids.shape[1] > cfg.max_seq_len:
             raise ValueError(f"sequence too long: positions {start}..{start + ids.shape[1] - 1} but the model "
                              f"supports max_seq_len={cfg.max_seq_len}")
         if cache is not None:
-            if cache.batch != ids.shape[0]:
-                raise ValueError(f"cache was built for batch size {cache.batch}, ids have batch size {ids.shape[0]}")
-            dtype = self.embed.weight.dtype
-            if cache.dtype != dtype:
-                raise ValueError(f"cache holds {cache.dtype} but the model computes in {dtype}; "
-                                 f"build it with KVCache.for_model(model)")
-            if len(cache.layers) != cfg.n_layers:
-                raise ValueError(f"cache has {len(cache.layers)} layers, the model {cfg.n_layers}")
-            cache.check_room(ids.shape[1])
-        if left_pad is not None:
-            if not isinstance(left_pad, torch.Tensor) or left_pad.shape != (ids.shape[0],) or left_pad.is_floating_point():
-                raise ValueError(f"left_pad must be an integer tensor of shape ({ids.shape[0]},): one count per row, "
-                                 f"got {left_pad!r}")
-            if int(left_pad.min()) < 0 or int(left_pad.max()) >= start + ids.shape[1]:
-                raise ValueError(f"left_pad counts padding tokens at the start of each row: each must lie in "
-                                 f"0..{start + ids.shape[1] - 1} (a row needs at least one real token), got "
-                                 f"{left_pad.tolist()}")
+            self.check_cache(cache, ids.shape[0])
+            cache.check_room(ids.shape[1] if n_tokens is None else n_tokens)
+        if n_tokens is not None:
+            counts = list(n_tokens)
+            if len(counts) != ids.shape[0] or not all(isinstance(n, int) and 1 <= n <= ids.shape[1] for n in counts):
+                raise ValueError(f"n_tokens gives each row's number of tokens: {ids.shape[0]} ints in "
+                                 f"1..{ids.shape[1]} (a row needs at least one token), got {counts!r}")
+
+    def check_cache(self, cache: KVCache, batch: int) -> None:
+        """A clear ``ValueError`` if ``cache`` was not built for this model and ``batch`` rows."""
+        if cache.batch != batch:
+            raise ValueError(f"cache was built for batch size {cache.batch}, ids have batch size {batch}")
+        if cache.dtype != self.embed.weight.dtype:
+            raise ValueError(f"cache holds {cache.dtype} but the model computes in {self.embed.weight.dtype}; "
+                             f"build it with KVCache.for_model(model)")
+        if len(cache.layers) != self.config.n_layers:
+            raise ValueError(f"cache has {len(cache.layers)} layers, the model {self.config.n_layers}")
 
     @property
     def device(self) -> torch.device:

@@ -2,7 +2,9 @@
 
 Each pair of channels ``(i, i + head_dim/2)`` of a query or key is rotated by an angle
 ``position * theta**(-2i/head_dim)``. The angle depends on the absolute position, which
-is why a cached decoder must tell RoPE where the new tokens sit (the *offset*).
+is why a cached decoder must tell RoPE where the new tokens sit: their *positions*, one per
+token, ``(batch, seq)`` (:meth:`kvlib.KVCache.positions` gives them for a cache). An int ``p``
+is shorthand for one sequence whose tokens sit at ``p, p + 1, ...`` (:func:`as_positions`).
 """
 from __future__ import annotations
 
@@ -25,22 +27,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(torch.get_default_dtype()), persistent=False)
         self.register_buffer("sin", angles.sin().to(torch.get_default_dtype()), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int | torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape ``(batch, heads, seq, head_dim)`` for positions ``offset .. offset+seq-1``.
-
-        ``offset`` is one int for the whole batch, or a tensor of one offset per row,
-        ``(batch,)``, for a batch whose sequences sit at different positions.
-        """
-        seq = x.shape[-2]
-        if isinstance(offset, torch.Tensor):
-            positions = offset.to(self.cos.device)[:, None] + torch.arange(seq, device=self.cos.device)  # (batch, seq)
-            positions = positions.clamp(min=0)       # (a padding token, before its row's first position: any angle)
-            cos = self.cos[positions][:, None].to(x.dtype)       # (batch, 1, seq, head_dim): broadcast over heads
-            sin = self.sin[positions][:, None].to(x.dtype)
-        else:
-            cos = self.cos[offset:offset + seq].to(x.dtype)      # (seq, head_dim)
-            sin = self.sin[offset:offset + seq].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: int | torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``(batch, heads, seq, head_dim)``; token ``j`` of row ``b`` sits at
+        position ``positions[b, j]`` (``positions`` is ``(batch, seq)``, or ``(1, seq)`` for
+        every row alike, or an int: see :func:`as_positions`)."""
+        positions = as_positions(positions, x.shape[-2], self.cos.device)
+        cos = self.cos[positions][:, None].to(x.dtype)       # (batch, 1, seq, head_dim): the same for every head
+        sin = self.sin[positions][:, None].to(x.dtype)
         return x * cos + rotate_half(x) * sin
+
+
+def as_positions(positions: int | torch.Tensor, seq: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Positions as a tensor: an int ``p`` means ``seq`` tokens at ``p, p + 1, ...`` (``(1, seq)``);
+    a tensor is returned as it is."""
+    if isinstance(positions, torch.Tensor):
+        return positions
+    return torch.arange(positions, positions + seq, device=device)[None]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

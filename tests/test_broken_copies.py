@@ -40,15 +40,15 @@ def test_off_by_one_rope_offset_is_caught(case, monkeypatch):
     model, ids = case
     original = RotaryEmbedding.forward
     monkeypatch.setattr(RotaryEmbedding, "forward",
-                        lambda self, x, offset: original(self, x, offset + 1 if offset else 0))
+                        lambda self, x, positions: original(self, x, positions + (positions[:, :1] > 0)))
     assert _differs(model, ids, split=5, chunk=2)
 
 
 def test_cache_that_keeps_only_new_tokens_is_caught(case, monkeypatch):
     model, ids = case
 
-    def forgetful(self, pos, k, v):
-        return k, v                                   # never looks at the stored tokens
+    def forgetful(self, positions, k, v, end):
+        return k, v, positions                        # never looks at the stored tokens
     monkeypatch.setattr(LayerKVCache, "update", forgetful)
     assert _differs(model, ids, split=5, chunk=1)
 
@@ -57,8 +57,8 @@ def test_cache_that_overwrites_slot_zero_is_caught(case, monkeypatch):
     model, ids = case
     original = LayerKVCache.update
 
-    def overwrite(self, pos, k, v):
-        return original(self, 0 if pos else pos, k, v)[0][:, :, :pos + k.shape[2]], \
-            self.v[:, :, :pos + k.shape[2]]
+    def overwrite(self, positions, k, v, end):         # every chunk after the first written from slot 0
+        start = positions - positions[:, :1] if int(positions[0, 0]) else positions
+        return original(self, start, k, v, end)
     monkeypatch.setattr(LayerKVCache, "update", overwrite)
     assert _differs(model, ids, split=5, chunk=1)

@@ -88,42 +88,46 @@ def test_a_crashing_function_shows_its_error(check):
 
 # ------------------------------------------------------------------------------ 7.1, slot_step
 
-def test_the_reference_is_what_kvlib_computes_in_serve():
-    """slot_step agrees with kvlib.attention on every case of the check, and with one decode step
-    of a real serve run (a tiny model): the positions serve rotates by and the mask it attends with."""
+def kvlib_slot_step(lengths, max_len):
+    """What kvlib computes for one decode step of a batch whose rows hold ``lengths`` tokens."""
+    cache = kvlib.KVCache(n_layers=1, batch=len(lengths), n_kv_heads=1, max_len=max(max_len, 1), head_dim=2)
+    cache.set_lengths(lengths.tolist())
+    positions = cache.positions(1)                                              # (batch, 1)
+    return positions[:, 0], kvlib.attention.visible(positions, torch.arange(max_len)[None])[:, 0, 0]
+
+
+def test_the_reference_is_what_kvlib_computes():
+    """slot_step agrees with kvlib on every case of the check: KVCache.positions and attention.visible."""
     for case in _slot_cases():
         lengths, max_len = case.args
         positions, mask = slot_step(lengths, max_len)
-        assert torch.equal(positions, kvlib.attention.rotation_positions(lengths, None))
-        assert torch.equal(mask, kvlib.attention.row_mask(lengths, 1, max_len)[:, 0, 0])
+        kvlib_positions, kvlib_mask = kvlib_slot_step(lengths, max_len)
+        assert torch.equal(positions, kvlib_positions) and torch.equal(mask, kvlib_mask)
         assert positions.dtype == torch.long and mask.dtype == torch.bool
-    check_slot_step(lambda l, m: (kvlib.attention.rotation_positions(l, None),
-                                  kvlib.attention.row_mask(l, 1, m)[:, 0, 0]))
+    check_slot_step(kvlib_slot_step)
 
 
-def test_serve_decodes_with_these_positions_and_masks(monkeypatch):
-    """Every batched decode step of a continuous run calls row_mask at the slots' lengths: the
-    slot_step of those lengths is what the model used (no left padding)."""
+def test_a_ragged_batch_decodes_with_these_positions_and_masks(monkeypatch):
+    """Every decode step of generate_batch over rows of different lengths attends with the mask of
+    slot_step at the rows' lengths, and rotates by its positions."""
     from kvlib import attention
 
     seen = []
-    real = attention.row_mask
+    real = attention.visible
 
-    def spy(slots, q_len, k_len, left_pad=None, window=None):
-        if q_len == 1 and slots.dim() == 1 and len(slots) == WASTE_SLOTS:
-            seen.append((slots.clone(), k_len, left_pad))
-        return real(slots, q_len, k_len, left_pad, window)
+    def spy(q_pos, k_pos, window=None, sinks=0):
+        if q_pos.shape == (3, 1):
+            seen.append((q_pos[:, 0].clone(), k_pos.shape[-1]))
+        return real(q_pos, k_pos, window, sinks)
 
-    monkeypatch.setattr(attention, "row_mask", spy)
-    runs = waste_runs()
-    assert seen, "serve decoded no batch through row_mask"
-    assert len({tuple(s.tolist()) for s, _, _ in seen if len(set(s.tolist())) > 1}) > 1   # slots at different lengths
-    for slots, k_len, left_pad in seen:
-        assert left_pad is None
-        positions, mask = slot_step(slots, k_len)
-        assert torch.equal(positions, attention.rotation_positions(slots, left_pad))
-        assert torch.equal(mask, real(slots, 1, k_len)[:, 0, 0])
-    assert len(runs["continuous"].timeline) == 24
+    monkeypatch.setattr(attention, "visible", spy)
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    kvlib.generate_batch(model, [[1, 2, 3, 4, 5], [6], [7, 8, 9]], 4)
+    assert seen and all(len(set(p.tolist())) > 1 for p, _ in seen)             # rows at different lengths
+    for lengths, k_len in seen:
+        positions, mask = slot_step(lengths, k_len)
+        assert torch.equal(positions, lengths)
+        assert torch.equal(mask, real(lengths[:, None], torch.arange(k_len)[None])[:, 0, 0])
 
 
 def test_other_correct_slot_steps_pass(capsys):
@@ -179,7 +183,7 @@ def test_a_mask_that_ignores_the_lengths_names_the_stale_keys():
     (lambda l, m: (l.tolist(), _right_mask(l, m)), "positions should be a tensor"),
     (lambda l, m: (l, _right_mask(l, m).int()), "mask must be a torch.bool tensor"),
     (lambda l, m: (l, _right_mask(l, m).float()), "mask must be a torch.bool tensor"),
-    (lambda l, m: (l, _right_mask(l, m)[:, None, None]), r"kvlib's row_mask has shape \(batch, 1, q_len, k_len\)"),
+    (lambda l, m: (l, _right_mask(l, m)[:, None, None]), r"kvlib.attention.visible has shape \(batch, 1, q_len, k_len\)"),
     (lambda l, m: (l, torch.arange(m) <= l.max()), "the mask needs a row per slot"),
     (lambda l, m: (l, _right_mask(l, m).T), r"mask should have shape \(3, 10\)"),
     (lambda l, m: l, r"expected two results \(positions, mask\)"),
@@ -338,10 +342,10 @@ def test_the_counts_are_what_serve_does():
         assert [len(o) for o in r.outputs] == list(WASTE_ANSWERS)
     for name, steps, first7 in (("static", 40, 21), ("continuous", 24, 5)):
         r = runs[name]
-        assert len(r.timeline) == steps and r.row_steps == WASTE_SLOTS * steps
+        assert r.steps == steps and r.row_steps == WASTE_SLOTS * steps
         assert r.useful_row_steps == sum(WASTE_ANSWERS) == 52          # a prefill slot-step writes the first token
-        assert sum(w == "prefill" for s in r.timeline for w in s.work) == 8
-        assert next(k + 1 for k, s in enumerate(r.timeline) if 7 in s.request) == first7
+        assert sum(kind == "prefill" for s in r.timeline for _, kind, _ in s.work) == 8
+        assert next(k + 1 for k, s in enumerate(r.timeline) if any(i == 7 for i, _, _ in s.work)) == first7
 
 
 def test_waste_runs_leaves_the_global_random_state_alone():

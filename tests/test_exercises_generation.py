@@ -66,7 +66,7 @@ def test_reference_cases_are_far_from_ties():
         model, prompts, n_new = case.args
         for p in prompts:
             assert _smallest_margin(model, [p], n_new) > 1e-3
-        assert gen._greedy_padded(model, prompts, n_new, side="left", mask=True) == case.expected
+        assert gen._greedy_padded(model, prompts, n_new, side="right", mask=True) == case.expected
         assert all(kvlib.generate(model, p, n_new, use_cache=False) == row for p, row in zip(prompts, case.expected))
 
 
@@ -190,15 +190,15 @@ def greedy_ragged_one_by_one(model, prompts, n_new):
 
 def test_ragged_per_row_and_padded_solutions_pass(capsys):
     gen.check_greedy_ragged(greedy_ragged_one_by_one)
-    gen.check_greedy_ragged(lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left", mask=True))
-    gen.check_greedy_ragged(lambda m, ps, n: torch.tensor(gen._greedy_padded(m, ps, n, side="left", mask=True)))
+    gen.check_greedy_ragged(lambda m, ps, n: gen._greedy_padded(m, ps, n, side="right", mask=True))
+    gen.check_greedy_ragged(lambda m, ps, n: torch.tensor(gen._greedy_padded(m, ps, n, side="right", mask=True)))
     assert capsys.readouterr().out.count("✓ Exercise 1.3: all 6 cases pass") == 3
 
 
 @pytest.mark.parametrize("wrong, match", [
     (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="right"), r"padded at the end and the batch's last column"),
-    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left"), r"padded on the left, but the padding is not masked"),
-    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left", mask=True, keep_prompt=True),
+    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="left"), r"padded on the left: the real tokens attend"),
+    (lambda m, ps, n: gen._greedy_padded(m, ps, n, side="right", mask=True, keep_prompt=True),
      r"the prompts are returned too"),
 ])
 def test_ragged_usual_mistakes_are_named(wrong, match):

@@ -19,10 +19,24 @@ from kvlib.checks import non_negative_int, optional_positive_int, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent / "kvlib"
 MODULES = sorted(p for p in ROOT.rglob("*.py"))
-# The decoder a learner reads, and what it stands on: never imports measuring, widgets or exercises.
+# What a learner reads: the decoder at the top and the subjects it is built from. None of it imports
+# the apparatus (measuring, widgets, exercises). `kvlib.bench` is the benchmark's entry point.
 LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
-          "clock.py", "cache"]
+          "clock.py", "device.py", "rounding.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
 APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
+# The layers, lowest first: a unit may import its own layer and those below, never one above.
+LAYERS = [
+    {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data"},
+    {"kvlib.attention"},
+    {"kvlib.cache"},
+    {"kvlib.model", "kvlib.compiled"},
+    {"kvlib.generate"},
+    {"kvlib.quant", "kvlib.fast", "kvlib.serve", "kvlib.smollm2"},
+    {"kvlib.measure"},
+    {"kvlib.widgets", "kvlib.exercises", "kvlib.bench"},
+    {"kvlib"},
+]
+MAX_FUNCTION_LINES = 60
 
 
 def _module_name(path: Path) -> str:
@@ -31,7 +45,8 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(absolute module imported, names imported from it) for every import in the file."""
+    """(absolute module imported, names imported from it) for every import in the file, those
+    inside functions included."""
     here = _module_name(path)
     package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
     found = []
@@ -49,12 +64,71 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
+def _unit(module: str) -> str:
+    """The unit a module belongs to: its subpackage (``kvlib.cache``), or itself at the top."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and (ROOT / parts[1]).is_dir() else module
+
+
+def _graph(unit=lambda m: m) -> dict[str, set[str]]:
+    """Who imports whom inside kvlib (``from .x import y`` counts ``x.y`` when it is a module)."""
+    names = {_module_name(p) for p in MODULES}
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        here = _module_name(path)
+        for module, imported in _imports(path):
+            targets = {f"{module}.{n}" for n in imported if f"{module}.{n}" in names} or {module}
+            for target in targets & names:
+                if unit(target) != unit(here):
+                    graph.setdefault(unit(here), set()).add(unit(target))
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph``, or ``None``."""
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    return next((c for n in sorted(graph) if n not in state and (c := visit(n, [n]))), None)
+
+
 def test_lesson_code_never_imports_the_apparatus():
     lesson = [p for p in MODULES if any(p.relative_to(ROOT).as_posix().startswith(x) for x in LESSON)]
-    assert len(lesson) >= 12
+    assert len(lesson) >= 30
     for path in lesson:
         for module, _ in _imports(path):
             assert not module.startswith(APPARATUS), f"{path.relative_to(ROOT)} imports {module}"
+
+
+@pytest.mark.parametrize("level", ["modules", "units"])
+def test_no_import_cycle(level):
+    """No cycle among modules, nor among units (subpackages, and the modules at the top), imports
+    inside functions included."""
+    graph = _graph() if level == "modules" else _graph(_unit)
+    assert _cycle(graph) is None, f"an import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_nothing_imports_upward():
+    layer_of = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+    units = {_unit(_module_name(p)) for p in MODULES}
+    assert units <= set(layer_of), f"units without a layer: {sorted(units - set(layer_of))}"
+    for unit, targets in _graph(_unit).items():
+        for target in targets:
+            assert layer_of[target] <= layer_of[unit], f"{unit} imports {target}, a layer above it"
 
 
 def test_no_module_imports_a_private_name_of_another():
@@ -65,10 +139,15 @@ def test_no_module_imports_a_private_name_of_another():
                 assert not private, f"{path.relative_to(ROOT)} imports {private} from {module}"
 
 
-def test_every_module_is_short():
+def test_every_function_is_short_enough_to_read_at_once():
+    long = []
     for path in MODULES:
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"functions longer than {MAX_FUNCTION_LINES} lines: {long}"
 
 
 def test_import_kvlib_is_quick_and_loads_nothing_heavy():
@@ -186,7 +265,7 @@ def test_the_compiled_step_runs_the_models_own_forward_pass(monkeypatch):
     original = Decoder.run
 
     def spy(self, *args, **kwargs):
-        calls.append(kwargs.get("last_only"))
+        calls.append(kwargs.get("last"))
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Decoder, "run", spy)
@@ -194,15 +273,16 @@ def test_the_compiled_step_runs_the_models_own_forward_pass(monkeypatch):
     with torch.no_grad():
         model(torch.tensor([[1, 2]]), cache)
         logits = compiled.CompiledDecodeStep(model)(torch.tensor([[3]]), cache)
-    assert calls == [False, True] and logits.shape == (1, 1, model.config.vocab_size) and cache.pos == 3
+    assert calls == [None, -1] and logits.shape == (1, 1, model.config.vocab_size) and cache.pos == 3
 
 
-def test_rope_takes_one_offset_per_row():
-    """Rows at different positions rotate as if each were alone: the per-row offsets the
-    batching section passes through the same signature."""
+def test_rope_takes_one_position_per_token():
+    """Rows at different positions rotate as if each were alone: one positions tensor, (batch, seq),
+    and an int p is the shorthand for p, p + 1, ..."""
     rope = kvlib.rope.RotaryEmbedding(8, 32, 10_000.0)
     x = torch.randn(3, 2, 4, 8, generator=torch.Generator().manual_seed(0))     # (batch, heads, seq, head_dim)
-    offsets = torch.tensor([0, 5, 11])
-    together = rope(x, offsets)
-    for row, offset in enumerate(offsets.tolist()):
-        torch.testing.assert_close(together[row:row + 1], rope(x[row:row + 1], offset), rtol=0, atol=0)
+    starts = [0, 5, 11]
+    positions = torch.tensor(starts)[:, None] + torch.arange(4)                   # (batch, seq)
+    together = rope(x, positions)
+    for row, start in enumerate(starts):
+        torch.testing.assert_close(together[row:row + 1], rope(x[row:row + 1], start), rtol=0, atol=0)

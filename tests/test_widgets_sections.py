@@ -11,7 +11,7 @@ from kvlib import Config, Decoder
 from kvlib.cache import KiviKVCache
 from kvlib.measure.experiments import BatchPoint, roofline_seconds
 from kvlib.serve import Request, serve
-from kvlib.widgets.batching import batch_size_widget, render_batch_view, timeline_svg, timeline_widget
+from kvlib.widgets.batching import batch_size_widget, lanes, render_batch_view, timeline_svg, timeline_widget
 from kvlib.widgets.quant import grid_point, quant_grid_widget
 
 
@@ -33,13 +33,17 @@ def test_batch_size_widget_draws_every_batch_and_links_the_slider():
         batch_size_widget([])
 
 
-def test_timeline_draws_every_slot_step_and_toggles_between_runs():
+def test_timeline_draws_every_lane_of_every_step_and_toggles_between_runs():
     torch.manual_seed(0)
     model = Decoder(Config.tiny()).eval()
     reqs = [Request([1, 2, 3], 2), Request([4, 5], 5), Request([6], 1)]
     runs = {policy: serve(model, reqs, max_batch=2, policy=policy) for policy in ("static", "continuous")}
     svg = timeline_svg(runs["static"])
-    assert svg.count("<rect") == sum(len(s.work) for s in runs["static"].timeline) + 5      # and the legend's 5
+    assert svg.count("<rect") == 2 * runs["static"].steps + 5                  # two lanes a step, and the legend's 5
+    drawn = lanes(runs["continuous"])
+    assert [[w for w, _ in row] for row in drawn][:3] == [["prefill", "prefill"], ["decode", "decode"],
+                                                         ["prefill", "decode"]]
+    assert {i for row in drawn for _, i in row} == {0, 1, 2, None}
     box = timeline_widget(runs)
     assert len(box.stack.children) == 2 and len(box.links) == 1
 
@@ -54,14 +58,16 @@ def test_quant_grid_more_bits_smaller_error_and_every_view_linked():
     assert len(box.stack.children) == 2 and len(box.links) == 3 and len(box.points) == 4
 
 
-def test_kivi_cache_rounds_all_but_the_recent_tokens():
+def test_kivi_cache_rounds_whole_groups_and_keeps_the_recent_tokens_exact():
     torch.manual_seed(0)
     model = Decoder(Config.tiny()).double().eval()
     ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
     exact = model(ids)
     everything_recent = KiviKVCache.for_model(model, max_len=20, bits=4, recent=20)
     torch.testing.assert_close(model(ids, everything_recent), exact)            # nothing rounded yet
-    rounded = model(ids, KiviKVCache.for_model(model, max_len=20, bits=2))
+    no_whole_group = KiviKVCache.for_model(model, max_len=20, bits=2, group=32)
+    torch.testing.assert_close(model(ids, no_whole_group), exact)               # 20 tokens: no group of 32
+    rounded = model(ids, KiviKVCache.for_model(model, max_len=20, bits=2, group=4))
     assert not torch.allclose(rounded, exact)
     cache = KiviKVCache.for_model(model, max_len=20, bits=4, recent=4)
     assert cache.format_bytes(20) < KiviKVCache.for_model(model, max_len=20, bits=8).format_bytes(20)

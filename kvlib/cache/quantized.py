@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import non_negative_int, positive_int
+from ..rounding import fake_quantize, from_grid, symmetric_scale, to_grid
 from .base import KVCache, LayerCache, LayerKVCache
 
 __all__ = ["quantize_int8", "dequantize_int8", "Int8LayerKVCache", "Int8KVCache", "HalfLayerKVCache", "HalfKVCache",
@@ -24,15 +25,13 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``(..., 1)`` with ``scale = max|x| / 127`` for each vector, so ``q * scale ≈ x`` with
     ``|x - q * scale| <= scale / 2``. An all-zero vector gets scale 0 and stays zero.
     """
-    scale = x.abs().amax(dim=-1, keepdim=True) / 127
-    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    q = torch.round(x / safe).clamp(-127, 127).to(torch.int8)
-    return q, scale
+    scale = symmetric_scale(x, 8, dim=-1)
+    return to_grid(x, scale, lo=-127, hi=127).to(torch.int8), scale
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``q * scale`` in ``dtype``: the numbers :func:`quantize_int8` stood for."""
-    return q.to(dtype) * scale.to(dtype)
+    return from_grid(q.to(dtype), scale.to(dtype))
 
 
 class Int8LayerKVCache(LayerKVCache):
@@ -52,14 +51,15 @@ class Int8LayerKVCache(LayerKVCache):
             self.register_buffer(name, torch.zeros(batch, n_kv_heads, max_len, 1, dtype=scale_dtype, device=device),
                                  persistent=False)
 
-    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = pos + k.shape[2]
+    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         for name, x in (("k", k), ("v", v)):
             q, scale = quantize_int8(x)
-            getattr(self, name)[:, :, pos:end] = q
-            getattr(self, f"{name}_scale")[:, :, pos:end] = scale
+            self.write(name, positions, q)
+            self.write(f"{name}_scale", positions, scale)
         return (dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end], self.out_dtype),
-                dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.out_dtype))
+                dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.out_dtype),
+                self.slot_positions[None, :end])
 
 
 class Int8KVCache(KVCache):
@@ -98,9 +98,10 @@ class HalfLayerKVCache(LayerKVCache):
         super().__init__(batch, n_kv_heads, max_len, head_dim, storage, device)
         self.out_dtype = out_dtype
 
-    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k_all, v_all = super().update(pos, k, v)          # the buffers round k, v to `storage` on assignment
-        return k_all.to(self.out_dtype), v_all.to(self.out_dtype)
+    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k_all, v_all, key_positions = super().update(positions, k, v, end)   # stored rounded to `storage`
+        return k_all.to(self.out_dtype), v_all.to(self.out_dtype), key_positions
 
 
 class HalfKVCache(KVCache):
@@ -125,69 +126,73 @@ class HalfKVCache(KVCache):
 
 
 # =======================================================================================
-# KIVI: keys quantized per channel, values per token, the most recent tokens kept exact
+# KIVI: keys quantized per channel in groups of tokens, values per token, recent tokens exact
 # =======================================================================================
-
-def _fake_quantize(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """``x`` rounded to ``bits``-bit asymmetric integers (min..max) along ``dim`` and back."""
-    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
-    steps = 2 ** bits - 1
-    scale = ((hi - lo) / steps).clamp(min=1e-8)
-    return torch.round((x - lo) / scale).clamp(0, steps) * scale + lo
-
 
 class KiviLayerKVCache(LayerKVCache):
     """One layer of :class:`KiviKVCache`: stores exact keys and values and hands back what a
-    KIVI cache would hold, keys rounded per channel and values per token, except the last
-    ``recent`` positions, kept exact."""
+    KIVI cache holds: positions in whole groups of ``group`` tokens older than the last
+    ``recent``, rounded (keys per channel within their group, values per token); the rest exact."""
+
+    ragged_prefill = False
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device | str | None, bits: int, recent: int) -> None:
+                 device: torch.device | str | None, bits: int, group: int, recent: int) -> None:
         super().__init__(batch, n_kv_heads, max_len, head_dim, dtype, device)
-        self.bits, self.recent = bits, recent
+        self.bits, self.group, self.recent = bits, group, recent
 
-    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k_all, v_all = super().update(pos, k, v)                      # (batch, kv_heads, end, head_dim)
-        old = max(0, k_all.shape[2] - self.recent)                    # the positions stored rounded
-        if old == 0:
-            return k_all, v_all
-        keys = torch.cat([_fake_quantize(k_all[:, :, :old], self.bits, dim=2), k_all[:, :, old:]], dim=2)
-        values = torch.cat([_fake_quantize(v_all[:, :, :old], self.bits, dim=3), v_all[:, :, old:]], dim=2)
-        return keys, values
+    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k_all, v_all, key_positions = super().update(positions, k, v, end)    # (batch, kv_heads, end, head_dim)
+        held = positions[:, -1:] + 1                                              # (batch, 1): tokens each row holds
+        boundary = (held - self.recent).clamp(min=0) // self.group * self.group  # below it: stored rounded
+        rounded = (key_positions < boundary)[:, None, :, None]                    # (batch, 1, end, 1)
+        b, heads, _, hd = k_all.shape
+        full = end // self.group * self.group                                     # slots in whole groups
+        groups = k_all[:, :, :full].reshape(b, heads, full // self.group, self.group, hd)
+        keys = k_all.clone()
+        keys[:, :, :full] = fake_quantize(groups, self.bits, dim=3, symmetric=False).reshape(b, heads, full, hd)
+        values = fake_quantize(v_all, self.bits, dim=3, symmetric=False)
+        return torch.where(rounded, keys, k_all), torch.where(rounded, values, v_all), key_positions
 
 
 class KiviKVCache(KVCache):
-    """A KV cache as KIVI stores it (Liu et al., 2024): keys quantized *per channel* (each
-    channel's range over the stored tokens: keys have a few channels of much larger values),
-    values *per token*, to ``bits`` bits, with the last ``recent`` tokens kept in full precision.
+    """A KV cache as KIVI stores it (Liu et al., 2024): keys quantized *per channel* (keys have a
+    few channels of much larger values) within groups of ``group`` tokens, values *per token*,
+    to ``bits`` bits; a group is rounded once it is complete and older than the last
+    ``recent`` tokens, which stay in full precision with the incomplete group.
 
-    A simulation for measuring the error: it keeps exact copies and rounds what it hands back
-    (over all stored tokens at once; KIVI groups tokens, and rounds each group once). The
-    memory of the real format is ``bits`` per number plus a scale and a zero per channel (keys)
-    or per token (values), plus the exact window: :meth:`format_bytes` counts it.
+    A simulation for measuring the error: it keeps exact copies and rounds what it hands back.
+    The memory of the real format is ``bits`` per number plus a scale and a minimum per key
+    channel and group, and per value token, plus the exact tokens: :meth:`format_bytes`.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
-                 bits: int = 4, recent: int = 0) -> None:
-        self.bits, self.recent = positive_int("KiviKVCache: bits", bits), non_negative_int("KiviKVCache: recent", recent)
+                 bits: int = 4, group: int = 32, recent: int = 0) -> None:
+        self.bits = positive_int("KiviKVCache: bits", bits)
+        self.group = positive_int("KiviKVCache: group", group)
+        self.recent = non_negative_int("KiviKVCache: recent", recent)
         self.shape = (n_layers, batch, n_kv_heads, head_dim)
         super().__init__(n_layers, batch, n_kv_heads, max_len, head_dim, dtype, device)
 
     def make_layer(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                    dtype: torch.dtype, device: torch.device | str | None) -> LayerCache:
-        return KiviLayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, self.bits, self.recent)
+        return KiviLayerKVCache(batch, n_kv_heads, max_len, head_dim, dtype, device, self.bits, self.group,
+                                self.recent)
 
     def format_bytes(self, tokens: int, scale_bytes: int = 2) -> int:
         """Bytes the format itself needs for ``tokens`` stored tokens: rounded numbers at ``bits``
-        bits, a scale and a zero per key channel and per value token, the exact window in 16 bits."""
+        bits, a scale and a minimum per key channel and group and per value token, the exact
+        tokens in 16 bits."""
         n_layers, batch, heads, head_dim = self.shape
-        exact = min(tokens, self.recent)
-        rounded = tokens - exact
-        per_head = (2 * rounded * head_dim * self.bits / 8                  # keys and values
-                    + 2 * scale_bytes * (head_dim + rounded)                # key channels, value tokens
-                    + 2 * exact * head_dim * 2)                             # the window, 16-bit
+        rounded = max(0, tokens - self.recent) // self.group * self.group
+        exact = tokens - rounded
+        per_head = (2 * rounded * head_dim * self.bits / 8                               # keys and values
+                    + 2 * scale_bytes * (head_dim * rounded // self.group + rounded)     # key groups, value tokens
+                    + 2 * exact * head_dim * 2)                                          # exact, 16-bit
         return int(n_layers * batch * heads * per_head)
 
     def extra_repr_fields(self) -> str:
-        return f"{self.bits}-bit keys per channel and values per token, last {self.recent} exact"
+        return (f"{self.bits}-bit keys per channel in groups of {self.group} tokens and values per token, "
+                f"last {self.recent} exact")

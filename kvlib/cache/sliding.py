@@ -9,43 +9,54 @@ from .base import KVCache, LayerCache, LayerKVCache
 
 class SlidingWindowLayerCache(LayerKVCache):
     """Keys and values of one layer for the last ``window`` positions only: a ring buffer
-    ``(batch, kv_heads, window, head_dim)`` where position ``p`` lives in slot ``p % window``.
+    ``(batch, kv_heads, window, head_dim)`` where position ``p`` lives in slot ``p % window``,
+    and ``ring_positions`` ``(batch, window)``, the position each slot holds (``-1``: none yet).
 
-    Keeps the :class:`~kvlib.cache.LayerCache` contract: ``update(pos, k, v)`` stores the new
-    keys and values and returns those the new queries may attend to; attention reads
-    ``window`` and restricts each query to the last ``window`` keys.
+    Keeps the :class:`~kvlib.cache.LayerCache` contract: ``update`` stores the new keys and
+    values and returns those the new queries may attend to, with their positions; attention
+    reads ``window`` and lets each query see only the last ``window`` of them.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, window: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str | None) -> None:
         super().__init__(batch, n_kv_heads, window, head_dim, dtype, device)    # a ring of `window` slots
         self.window = window
+        self.ragged_prefill = False
+        self.register_buffer("ring_positions", torch.full((batch, window), -1, device=device), persistent=False)
 
-    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k, v`` ``(batch, kv_heads, seq, head_dim)`` for positions ``pos .. pos+seq-1``.
+    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One new token per row: written into its slot, and the whole ring returned (in ring
+        order, not in position order: the positions say where each key sits). A chunk of
+        several tokens: the ring as it was followed by the chunk's own keys (a new tensor,
+        made before any slot is overwritten), then the chunk's last ``window`` positions stored.
 
-        One new token (``seq == 1``): returns views of the ring, the last ``min(pos+1, window)``
-        positions (in ring order, not in position order: with a single query and no mask the
-        order of the keys does not matter, their rotation already says where each one sits).
-        A chunk of several tokens: returns, in position order, the stored keys the chunk's
-        first query still sees followed by the chunk's own (a new tensor), for the banded mask.
-        """
+        A slot holds a key of the row's current text or of a position the row has not reached
+        yet (a previous text, padding): the ring is written in order of position, so a stale
+        slot always holds a later position than the query, which never sees it."""
         w, t = self.window, k.shape[2]
         if t == 1:
-            slot = pos % w
-            self.k[:, :, slot] = k[:, :, 0]
-            self.v[:, :, slot] = v[:, :, 0]
-            n = min(pos + 1, w)
-            return self.k[:, :, :n], self.v[:, :, :n]
-        # positions max(0, pos - w + 1) .. pos - 1 are still inside the first new query's window
-        old = torch.arange(max(0, pos - w + 1), pos, device=self.k.device) % w
-        k_all = torch.cat([self.k[:, :, old], k], dim=2)       # gathered (a copy) before any slot is overwritten
-        v_all = torch.cat([self.v[:, :, old], v], dim=2)
-        keep = min(t, w)                                        # only the chunk's last `window` positions stay
-        slots = torch.arange(pos + t - keep, pos + t, device=self.k.device) % w
-        self.k[:, :, slots] = k[:, :, t - keep:]
-        self.v[:, :, slots] = v[:, :, t - keep:]
-        return k_all, v_all
+            self.store(positions, k, v)
+            return self.k, self.v, self.ring_positions
+        keys = torch.cat([self.k, k], dim=2)                       # (batch, kv_heads, window + t, head_dim)
+        values = torch.cat([self.v, v], dim=2)
+        key_positions = torch.cat([self.ring_positions, positions], dim=1)
+        keep = slice(t - min(t, w), t)                              # only the chunk's last `window` positions stay
+        self.store(positions[:, keep], k[:, :, keep], v[:, :, keep])
+        return keys, values, key_positions
+
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write at most ``window`` consecutive positions per row into their slots."""
+        slots = positions % self.window
+        self.write("k", slots, k)
+        self.write("v", slots, v)
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        self.ring_positions[rows, slots] = positions
+
+    def rows(self, start: int, stop: int) -> "SlidingWindowLayerCache":
+        view = super().rows(start, stop)
+        view._buffers["ring_positions"] = self.ring_positions[start:stop]
+        return view
 
 
 class SlidingWindowKVCache(KVCache):

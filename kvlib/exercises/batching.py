@@ -1,8 +1,8 @@
 """Checks for the exercises of *Batching* (section 7).
 
-- 7.1, each slot at its own length: ``slot_step(lengths, max_len)`` gives the RoPE position and
-  the attention mask of one decode step of continuous batching, where every slot holds its own
-  number of tokens (and possibly stale keys beyond them). The check names the usual slips: one
+- 7.1, each row at its own length: ``slot_step(lengths, max_len)`` gives the RoPE position and
+  the attention mask of one decode step of a batch whose rows hold their own numbers of tokens
+  (and possibly keys of later positions beyond them: padding, or an earlier text). The check names the usual slips: one
   shared position, a mask that leaves out the new token or lets it read stale keys, a position
   off by one, one mask for all rows.
 - 7.2, where throughput stops rising: ``levels_off_at`` is graded exactly on synthetic curves
@@ -21,24 +21,24 @@ __all__ = ["check_slot_step", "check_levels_off_at", "check_knee_explanation", "
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 7.1: each slot at its own length
+# Exercise 7.1: each row at its own length
 # ---------------------------------------------------------------------------------------
 
 def _slot_step(lengths: torch.Tensor, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: the new token of slot s is written at cache index lengths[s], which is also its
-    position, and it sees indices 0 … lengths[s] of its own slot."""
+    position, and it sees indices 0 … lengths[s] of its own row."""
     return lengths.clone(), torch.arange(max_len) <= lengths[:, None]
 
 
 def _slot_cases() -> list[Case]:
     g = torch.Generator().manual_seed(7)
     specs = [
-        ("three slots holding 3, 7 and 1 tokens, max_len 10", [3, 7, 1], 10),
-        ("one slot", [5], 9),
-        ("four slots of equal length", [4, 4, 4, 4], 6),
-        ("a slot at length 0 beside one at 5 (the new token sees only itself)", [0, 5], 6),
-        ("a slot one short of max_len beside a short one", [7, 2], 8),
-        ("six slots, seeded random lengths, max_len 12", torch.randint(0, 12, (6,), generator=g).tolist(), 12),
+        ("three rows holding 3, 7 and 1 tokens, max_len 10", [3, 7, 1], 10),
+        ("one row", [5], 9),
+        ("four rows of equal length", [4, 4, 4, 4], 6),
+        ("a row at length 0 beside one at 5 (the new token sees only itself)", [0, 5], 6),
+        ("a row one short of max_len beside a short one", [7, 2], 8),
+        ("six rows, seeded random lengths, max_len 12", torch.randint(0, 12, (6,), generator=g).tolist(), 12),
     ]
     out = []
     for name, lengths, max_len in specs:
@@ -48,36 +48,37 @@ def _slot_cases() -> list[Case]:
 
 
 _POSITION_MISTAKES: list[tuple[str, Callable]] = [
-    ("every row got the same position, the longest slot's length. Each row's new token sits at its own "
+    ("every row got the same position, the longest row's length. Each row's new token sits at its own "
      "length: rotated by a shared position, a shorter row sees its own keys at the wrong distance (the "
      "shared-position bug of *Prompts of different lengths*, which wrote wrong words).",
      lambda lengths, max_len: lengths.max().expand_as(lengths)),
-    ("the positions are off by one: a slot holding lengths[s] tokens has stored positions 0 … lengths[s] - 1, "
+    ("the positions are off by one: a row holding lengths[s] tokens has stored positions 0 … lengths[s] - 1, "
      "so its new token's position is lengths[s] itself.",
      lambda lengths, max_len: lengths - 1),
-    ("the positions are off by one: a slot holding lengths[s] tokens has stored positions 0 … lengths[s] - 1, "
+    ("the positions are off by one: a row holding lengths[s] tokens has stored positions 0 … lengths[s] - 1, "
      "so its new token's position is lengths[s] itself.",
      lambda lengths, max_len: lengths + 1),
-    ("those are the slot numbers 0, 1, 2, …: a new token's position is how many tokens its slot holds "
+    ("those are the row numbers 0, 1, 2, …: a new token's position is how many tokens its row holds "
      "before it, lengths[s].",
      lambda lengths, max_len: torch.arange(len(lengths))),
-    ("every row got position 0: a new token's position is how many tokens its slot holds before it, "
+    ("every row got position 0: a new token's position is how many tokens its row holds before it, "
      "lengths[s].",
      lambda lengths, max_len: torch.zeros_like(lengths)),
 ]
 
 _MASK_MISTAKES: list[tuple[str, Callable]] = [
     ("the new token does not see itself. Its own key is written at index lengths[s] in this same step, and it "
-     "must attend to it: indices 0 … lengths[s] inclusive (<=, not <). A slot at length 0 would see nothing "
+     "must attend to it: indices 0 … lengths[s] inclusive (<=, not <). A row at length 0 would see nothing "
      "at all, and a softmax over nothing is NaN.",
      lambda lengths, max_len: torch.arange(max_len) < lengths[:, None]),
-    ("the mask ignores the lengths. Beyond lengths[s] a slot may still hold the keys of a longer request "
-     "that held it before (stale keys); the new token must not read them: True only at indices 0 … lengths[s].",
+    ("the mask ignores the lengths. Beyond lengths[s] a row may still hold keys of positions it has not "
+     "reached (padding, or an earlier, longer text); the new token must not read them: True only at indices "
+     "0 … lengths[s].",
      lambda lengths, max_len: torch.ones(len(lengths), max_len, dtype=torch.bool)),
-    ("every row got the same mask, built from the longest slot: each row may see only its own indices "
-     "0 … lengths[s]. Compare the key indices with each slot's own length as a column, lengths[:, None].",
+    ("every row got the same mask, built from the longest row: each row may see only its own indices "
+     "0 … lengths[s]. Compare the key indices with each row's own length as a column, lengths[:, None].",
      lambda lengths, max_len: (torch.arange(max_len) <= lengths.max()).expand(len(lengths), max_len)),
-    ("the new token sees only itself: it must also see the keys its slot already holds, indices "
+    ("the new token sees only itself: it must also see the keys its row already holds, indices "
      "0 … lengths[s] - 1.",
      lambda lengths, max_len: torch.arange(max_len) == lengths[:, None]),
     ("the mask lets the new token see one index too many: index lengths[s] + 1 is beyond it, a stale key.",
@@ -116,7 +117,7 @@ def _slot_step_problem(got: Any, case: Case) -> str | None:
     if not isinstance(positions, torch.Tensor):
         return f"positions should be a tensor of shape ({batch},), got {describe(positions)}"
     if tuple(positions.shape) != (batch,):
-        return (f"positions should have shape ({batch},), one position per slot, got shape "
+        return (f"positions should have shape ({batch},), one position per row, got shape "
                 f"{tuple(positions.shape)}")
     if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
         return (f"positions must hold integers (RoPE looks up each position's angles; torch.long as kvlib "
@@ -124,11 +125,11 @@ def _slot_step_problem(got: Any, case: Case) -> str | None:
     if not isinstance(mask, torch.Tensor):
         return f"mask should be a tensor of shape ({batch}, {max_len}), got {describe(mask)}"
     if tuple(mask.shape) != (batch, max_len):
-        why = f"mask should have shape ({batch}, {max_len}): one row per slot, one column per cache index"
+        why = f"mask should have shape ({batch}, {max_len}): one row per batch row, one column per cache index"
         if tuple(mask.shape) == (batch, 1, 1, max_len):
-            why += "; kvlib's row_mask has shape (batch, 1, q_len, k_len): this is its [:, 0, 0]"
+            why += "; kvlib.attention.visible has shape (batch, 1, q_len, k_len): this is its [:, 0, 0]"
         elif mask.dim() < 2 or mask.shape[0] != batch:
-            why += "; each slot's mask depends on its own length, so the mask needs a row per slot"
+            why += "; each row's mask depends on its own length, so the mask needs one row per batch row"
         return why + f", got shape {tuple(mask.shape)}"
     if mask.dtype != torch.bool:
         return (f"mask must be a torch.bool tensor (True where the new token may attend), got dtype {mask.dtype}: "
@@ -149,9 +150,10 @@ def _slot_step_problem(got: Any, case: Case) -> str | None:
 
 
 def check_slot_step(fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Exercise 7.1: ``fn(lengths, max_len)`` returns ``(positions, mask)`` for one decode step of
-    continuous batching: ``positions`` (batch,) integers, the RoPE position of each slot's new token
-    (its slot's length); ``mask`` (batch, max_len) bool, True at cache indices 0 … lengths[s]."""
+    """Exercise 7.1: ``fn(lengths, max_len)`` returns ``(positions, mask)`` for one decode step of a
+    batch whose rows hold their own numbers of tokens: ``positions`` (batch,) integers, the RoPE
+    position of each row's new token (its row's length); ``mask`` (batch, max_len) bool, True at
+    cache indices 0 … lengths[s]."""
     exercise = "Exercise 7.1"
     cases = _slot_cases()
     for i, case in enumerate(cases if callable(fn) else [], start=1):
@@ -170,7 +172,7 @@ def check_slot_step(fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.
         return positions.long(), mask            # any integer dtype will do for the positions
 
     run_check(exercise, as_checked if callable(fn) else fn, cases,
-              hint="positions: each slot's own length; mask: torch.arange(max_len) compared with each slot's "
+              hint="positions: each row's own length; mask: torch.arange(max_len) compared with each row's "
                    "length as a column (lengths[:, None]), True at indices 0 … lengths[s], the new token included.")
 
 

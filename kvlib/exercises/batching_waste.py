@@ -48,7 +48,7 @@ def _waste_counts() -> dict[str, dict[str, int]]:
     """Steps, useful slot-steps, all slot-steps and prefill slot-steps of :func:`waste_runs`, per
     policy (run once: they are the same every time)."""
     return {name: {"steps": len(r.timeline), "useful": r.useful_row_steps, "total": r.row_steps,
-                   "prefills": sum(w == "prefill" for s in r.timeline for w in s.work)}
+                   "prefills": sum(kind == "prefill" for s in r.timeline for _, kind, _ in s.work)}
             for name, r in waste_runs().items()}
 
 

@@ -272,7 +272,7 @@ def _count_fed(model, p: int, n: int, use_cache: bool) -> int:
     """What the experiment counts: ``tokens_in`` over the records of ``kvlib.generate``."""
     from ..generate import generate
     prompt = _prompt(500 + p, p, model.config.vocab_size)
-    run = generate(model, prompt, n, use_cache=use_cache, return_records=True)
+    run = generate(model, prompt, n, use_cache=use_cache)
     return sum(r.tokens_in for r in run.records)
 
 
@@ -322,16 +322,20 @@ def _as_rows(result):
 
 @torch.no_grad()
 def _greedy_padded(model, prompts, n_new, *, side="right", mask=False, keep_prompt=False):
-    """The usual slips with padding: pad with token 0 on one side, run the batch, read the last column."""
-    width = max(len(p) for p in prompts)
-    pads = [width - len(p) for p in prompts]
-    rows = [([0] * k + list(p)) if side == "left" else (list(p) + [0] * k) for p, k in zip(prompts, pads)]
-    ids = torch.tensor(rows, dtype=torch.long)
-    left_pad = torch.tensor(pads) if mask else None
+    """Padding with token 0: on one side, reading the last column (the usual slips); or, with
+    ``mask=True``, on the right, telling the model each row's length (``n_tokens``)."""
+    rows = [list(p) for p in prompts]
     for _ in range(n_new):
-        logits = model(ids, left_pad=left_pad) if mask else model(ids)
-        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-    new = ids[:, width:].tolist()
+        width = max(len(r) for r in rows)
+        padded = [([0] * (width - len(r)) + r) if side == "left" else (r + [0] * (width - len(r))) for r in rows]
+        ids = torch.tensor(padded, dtype=torch.long)
+        if mask:
+            logits = model(ids, last_only=True, n_tokens=[len(r) for r in rows])
+        else:
+            logits = model(ids)[:, -1:]
+        for r, token in zip(rows, logits[:, -1].argmax(dim=-1).tolist()):
+            r.append(token)
+    new = [r[len(p):] for r, p in zip(rows, prompts)]
     return [list(p) + r for p, r in zip(prompts, new)] if keep_prompt else new
 
 
@@ -342,20 +346,21 @@ def _reference_ragged(model, prompts, n_new):
 
 _MISTAKES_RAGGED: list[tuple[str, Callable]] = [
     ("the shorter prompts are padded at the end and the batch's last column is read: for a padded row "
-     "that is the score after a padding token, not after its own last token. Pad on the left (and mask "
-     "the padding), or read each row at its own last position.",
+     "that is the score after a padding token, not after its own last token. Read each row at its own "
+     "last token (model(ids, last_only=True, n_tokens=...)), or continue each prompt on its own.",
      lambda m, p, n: _greedy_padded(m, p, n, side="right")),
-    ("the shorter prompts are padded on the left, but the padding is not masked: the real tokens attend "
-     "to the padding, and their positions are shifted. Tell the model which tokens are padding "
-     "(model(ids, left_pad=...)), or continue each prompt on its own.",
+    ("the shorter prompts are padded on the left: the real tokens attend to the padding, and their "
+     "positions are shifted by it. Pad on the right and tell the model each row's length "
+     "(model(ids, last_only=True, n_tokens=...)), or continue each prompt on its own.",
      lambda m, p, n: _greedy_padded(m, p, n, side="left")),
     ("the prompts are returned too. Return only the n_new new tokens of each row.",
      lambda m, p, n: [list(q) + r for q, r in zip(p, _reference_ragged(m, p, n))]),
 ]
 
 _HINT_RAGGED = ("each row must get exactly the tokens its prompt gets alone: the usual mistakes are padding "
-                "on the right and reading the last column, padding on the left without masking the padding "
-                "(model(ids, left_pad=...)), and returning one list per step instead of one per prompt.")
+                "on the right and reading the last column, padding on the left (the padding is attended to and "
+                "shifts the positions; model(ids, last_only=True, n_tokens=...) reads each row at its own last "
+                "token), and returning one list per step instead of one per prompt.")
 
 
 def _ragged_cases() -> list[Case]:

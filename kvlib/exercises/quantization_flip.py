@@ -46,12 +46,12 @@ class _ScaledKeysLayer(LayerKVCache):
         super().__init__(*args)
         self.start, self.factor = start, factor
 
-    def update(self, pos, k, v):
-        k_all, v_all = super().update(pos, k, v)
+    def update(self, positions, k, v, end):
+        k_all, v_all, key_positions = super().update(positions, k, v, end)
         if k_all.shape[2] > self.start:
             k_all = k_all.clone()
             k_all[:, :, self.start:] *= self.factor
-        return k_all, v_all
+        return k_all, v_all, key_positions
 
 
 class _ScaledKeysKVCache(KVCache):
@@ -187,12 +187,29 @@ def check_found_flip(fn: Callable, model: torch.nn.Module, tokenizer, *, questio
     at it, and each cache chose its token there by more than ``FLIP_MARGIN`` between its two best
     logits: then the int8 rounding made the flip, not a float tie that another CPU could undo.
     ``questions`` defaults to ``kvlib.data.CHAT_QUESTIONS``. Returns the verified flip."""
-    from ..cache.quantized import Int8KVCache
     from ..data import CHAT_QUESTIONS
-    from ..generate import generate
 
     exercise = "Exercise 8.3"
     questions = CHAT_QUESTIONS if questions is None else questions
+    question, index = _searched_flip(exercise, fn, model, tokenizer, questions, n_new)
+    exact, other = _both_caches(model, tokenizer.encode_chat(question), index + 1)
+    where = f"{exercise}: {question!r}, new token {index}"
+    _check_parted_at(where, tokenizer, exact.tokens, other.tokens, index)
+    gaps = {"float32": _margins(exact.logits[index]).item(), "int8": _margins(other.logits[index]).item()}
+    _check_margins(where, gaps)
+    before = tokenizer.decode(exact.tokens[:index])
+    before = before if len(before) <= 60 else "…" + before[-60:]
+    print(f"✓ {exercise}: {question!r} parts at new token {index}: after {before!r} the float32 cache writes "
+          f"{_word(tokenizer, exact.tokens[index])}, the int8 cache {_word(tokenizer, other.tokens[index])}. "
+          f"Margins between the two best logits there: float32 {_approx(gaps['float32'])}, "
+          f"int8 {_approx(gaps['int8'])}, both above {FLIP_MARGIN:g}: a flip the int8 rounding made.")
+    return FoundFlip(question, index)
+
+
+def _searched_flip(exercise: str, fn: Callable, model: torch.nn.Module, tokenizer, questions: Sequence[str],
+                   n_new: int) -> tuple[str, int]:
+    """What the student's search ``fn`` returns, as ``(question, index)`` with ``0 <= index < n_new``;
+    a ``CheckFailed`` that says what is wrong when it fails, finds nothing or returns something else."""
     if not callable(fn):
         raise CheckFailed(f"{exercise}: expected a function, got {type(fn).__name__}")
     try:
@@ -220,38 +237,47 @@ def check_found_flip(fn: Callable, model: torch.nn.Module, tokenizer, *, questio
     if not 0 <= index < n_new:
         raise CheckFailed(f"{exercise}: the index counts the new tokens from 0, so it lies in 0..{n_new - 1}; "
                           f"got {index}")
-    prompt = tokenizer.encode_chat(question)
+    return question, index
+
+
+def _both_caches(model: torch.nn.Module, prompt: list[int], n_new: int):
+    """The greedy generations, logits kept, of ``n_new`` tokens after ``prompt`` with the float32
+    cache and with a :class:`kvlib.Int8KVCache`."""
+    from ..cache.quantized import Int8KVCache
+    from ..generate import generate
+
     with torch.no_grad():
-        exact = generate(model, prompt, index + 1, return_records=True)
-        other = generate(model, prompt, index + 1, return_records=True,
-                         cache=Int8KVCache.for_model(model, max_len=len(prompt) + index + 1))
-    parted = next((i for i, (a, b) in enumerate(zip(exact.tokens, other.tokens)) if a != b), None)
+        exact = generate(model, prompt, n_new, keep_logits=True)
+        other = generate(model, prompt, n_new, keep_logits=True,
+                         cache=Int8KVCache.for_model(model, max_len=len(prompt) + n_new))
+    return exact, other
 
-    def word(token: int) -> str:
-        return repr(tokenizer.decode([token]))
 
-    where = f"{exercise}: {question!r}, new token {index}"
+def _word(tokenizer, token: int) -> str:
+    """One token's text, quoted."""
+    return repr(tokenizer.decode([token]))
+
+
+def _check_parted_at(where: str, tokenizer, exact: Sequence[int], other: Sequence[int], index: int) -> None:
+    """A ``CheckFailed`` unless the two token lists first differ at ``index``."""
+    parted = next((i for i, (a, b) in enumerate(zip(exact, other)) if a != b), None)
     if parted is not None and parted < index:
         raise CheckFailed(f"{where}: the answers already part at new token {parted} (float32 "
-                          f"{word(exact.tokens[parted])}, int8 {word(other.tokens[parted])}); the first flip is "
-                          f"there, not at {index}.")
+                          f"{_word(tokenizer, exact[parted])}, int8 {_word(tokenizer, other[parted])}); the first "
+                          f"flip is there, not at {index}.")
     if parted is None:
-        raise CheckFailed(f"{where}: both caches choose {word(exact.tokens[index])} there, so the answers have "
-                          f"not parted yet; the index is where they first differ.")
-    gaps = {"float32": _margins(exact.logits[index]).item(), "int8": _margins(other.logits[index]).item()}
+        raise CheckFailed(f"{where}: both caches choose {_word(tokenizer, exact[index])} there, so the answers "
+                          f"have not parted yet; the index is where they first differ.")
+
+
+def _check_margins(where: str, gaps: dict[str, float]) -> None:
+    """A ``CheckFailed`` unless every cache's gap between its two best logits exceeds ``FLIP_MARGIN``."""
     for name, gap in gaps.items():
         if gap <= FLIP_MARGIN:
             raise CheckFailed(f"{where}: refused. The {name} cache's two best logits there are only "
                               f"{gap:.1e} apart (more than {FLIP_MARGIN:g} is needed): a tie that float rounding "
                               f"on another CPU could decide the other way, not a flip the int8 rounding made. "
                               f"Try another prompt, or have your search ask for a larger margin.")
-    before = tokenizer.decode(exact.tokens[:index])
-    before = before if len(before) <= 60 else "…" + before[-60:]
-    print(f"✓ {exercise}: {question!r} parts at new token {index}: after {before!r} the float32 cache writes "
-          f"{word(exact.tokens[index])}, the int8 cache {word(other.tokens[index])}. Margins between the two best "
-          f"logits there: float32 {_approx(gaps['float32'])}, int8 {_approx(gaps['int8'])}, both above "
-          f"{FLIP_MARGIN:g}: a flip the int8 rounding made.")
-    return FoundFlip(question, index)
 
 
 def _approx(x: float) -> str:

@@ -50,8 +50,9 @@ def batch_prompts(ids: Sequence[int], batch: int, prompt_len: int = 128) -> list
 def time_kvlib_batched(name: str, model: torch.nn.Module, prompts: list[list[int]], n_new: int) -> BatchedRow:
     """kvlib's :func:`kvlib.serve.generate_batch` (prompts of one length: no padding), warmed up first."""
     generate_batch(model, prompts, 2)
-    out = generate_batch(model, prompts, n_new, return_records=True)
-    return BatchedRow(name, len(prompts), out.records[0].seconds, [r.seconds for r in out.records[1:]], out.tokens)
+    out = generate_batch(model, prompts, n_new)
+    records = out[0].records                            # one record per step of the whole batch
+    return BatchedRow(name, len(prompts), records[0].seconds, [r.seconds for r in records[1:]], [g.tokens for g in out])
 
 
 def time_peer_batched(llm: Any, prompts: list[list[int]], n_new: int,

@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -75,7 +76,7 @@ def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False, format=
     seconds, steps, prefills, tokens = [], [], [], []
     for _ in range(repeats):
         with Stopwatch() as watch:
-            out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
+            out = generate(model, prompt, n_new, use_cache=use_cache, compile=compile)
         seconds.append(watch.seconds)
         steps += [r.seconds for r in out.records[1:]]
         prefills.append(out.records[0].seconds)
@@ -184,105 +185,209 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     ``peer``: also time llama.cpp on the same file, when it is installed. ``batched``: also
     decode 1, 8 and 32 sequences together (:mod:`kvlib.measure.batched`).
     """
-    import copy
-    import warnings
-
-    from ..data import demo_prompt
-    from ..smollm2 import load_smollm2, smollm2_path
-    from .peer import llama_cpp_missing
-
     if threads:
         torch.set_num_threads(threads)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if progress else (lambda *a: None)
-    say("measuring memory bandwidth ...")
-    bandwidth = memory_bandwidth()
-    say("loading the model (kvlib, then transformers) ...")
-    model, tok = load_smollm2()
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    path = smollm2_path()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                        dtype=torch.float32).eval()
-    prompt = demo_prompt(tok)
-    say("timing the weight-read floor (every weight matrix once, back to back) ...")
-    floor = weight_read_floor(model)
-    rows = []
-    for impl, reps in [(Impl("kvlib", True), repeats), (Impl("transformers", True), repeats),
-                       (Impl("kvlib", False), repeats_uncached), (Impl("transformers", False), repeats_uncached)]:
-        say(f"timing {impl.label} ({reps} run{'s' if reps > 1 else ''}) ...")
-        if impl.library == "kvlib":
-            rows.append(_time_kvlib(model, prompt, n_new, impl.cache, reps))
-        else:
-            rows.append(_time_transformers(hf_model, prompt, n_new, impl.cache, reps))
-    compile_seconds = None
+    bench = _Run(n_new, repeats, repeats_uncached, say)
+    bench.load()
+    bench.time_baselines()
     if compile:
-        say("compiling kvlib's decode step with torch.compile (this takes a while the first time) ...")
-        with Stopwatch() as watch:
-            generate(model, prompt, 2, compile=True)
-        compile_seconds = watch.seconds
-        say(f"timing kvlib, with cache, compiled ({repeats} runs) ...")
-        rows.insert(1, _time_kvlib(model, prompt, n_new, True, repeats, compile=True))
-    format_floors = {"float32": (stored_weight_bytes(model), floor)}
-    held: dict[str, torch.nn.Module] = {}
+        bench.time_compiled()
     if formats:
+        bench.time_formats(compile_formats)
+    if bench.held:
+        bench.measure_quality(quality_tokens)
+    bench.time_peer(peer)
+    if batched:
+        bench.time_batched()
+    bench.profile()
+    return bench.summary(quality_tokens)
+
+
+class _Run:
+    """The phases of one :func:`run`, in the order it calls them, sharing what they load and measure.
+
+    :meth:`load` sets the models (``model``, ``tok``, ``hf_model``), ``path``, ``prompt``,
+    ``bandwidth``, ``floor`` and ``format_floors``; the timing phases add to ``rows``, ``held``
+    (the other formats' models) and ``batched_rows``; :meth:`summary` turns it all into the result.
+    """
+
+    def __init__(self, n_new: int, repeats: int, repeats_uncached: int, say: Callable[..., None]) -> None:
+        self.n_new, self.repeats, self.repeats_uncached, self.say = n_new, repeats, repeats_uncached, say
+        self.rows: list[Row] = []
+        self.held: dict[str, torch.nn.Module] = {}
+        self.compile_seconds: float | None = None
+        self.quality: dict[str, dict[str, float]] = {}
+        self.peer_missing: str | None = None
+        self.peer_version: str | None = None
+        self.llm: Any = None
+        self.batched_rows: list = []
+
+    def load(self) -> None:
+        """Measure the memory bandwidth, load the model in kvlib and transformers, time the weight-read floor."""
+        import warnings
+
+        from ..data import demo_prompt
+        from ..smollm2 import load_smollm2, smollm2_path
+
+        self.say("measuring memory bandwidth ...")
+        self.bandwidth = memory_bandwidth()
+        self.say("loading the model (kvlib, then transformers) ...")
+        self.model, self.tok = load_smollm2()
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.path = path = smollm2_path()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.hf_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                 dtype=torch.float32).eval()
+        self.prompt = demo_prompt(self.tok)
+        self.say("timing the weight-read floor (every weight matrix once, back to back) ...")
+        self.floor = weight_read_floor(self.model)
+        self.format_floors = {"float32": (stored_weight_bytes(self.model), self.floor)}
+
+    def time_baselines(self) -> None:
+        """Time kvlib and transformers in float32, eager, with the cache and without."""
+        for impl, reps in [(Impl("kvlib", True), self.repeats), (Impl("transformers", True), self.repeats),
+                           (Impl("kvlib", False), self.repeats_uncached),
+                           (Impl("transformers", False), self.repeats_uncached)]:
+            self.say(f"timing {impl.label} ({reps} run{'s' if reps > 1 else ''}) ...")
+            if impl.library == "kvlib":
+                self.rows.append(_time_kvlib(self.model, self.prompt, self.n_new, impl.cache, reps))
+            else:
+                self.rows.append(_time_transformers(self.hf_model, self.prompt, self.n_new, impl.cache, reps))
+
+    def time_compiled(self) -> None:
+        """Time the first compiled call, then kvlib with the cache, compiled (the second row)."""
+        self.say("compiling kvlib's decode step with torch.compile (this takes a while the first time) ...")
+        with Stopwatch() as watch:
+            generate(self.model, self.prompt, 2, compile=True)
+        self.compile_seconds = watch.seconds
+        self.say(f"timing kvlib, with cache, compiled ({self.repeats} runs) ...")
+        self.rows.insert(1, _time_kvlib(self.model, self.prompt, self.n_new, True, self.repeats, compile=True))
+
+    def time_formats(self, compile_formats: bool) -> None:
+        """Build each other format's model and time it with the cache, eager (and compiled when
+        ``compile_formats``), with its weight bytes and weight-read floor."""
+        import copy
+
         from ..fast import fuse
         from ..quant import quantize
+        from ..smollm2 import load_smollm2
 
-        others = {"bfloat16": lambda: copy.deepcopy(model).to(torch.bfloat16),
-                  "int8": lambda: quantize(model, "int8"),
+        others = {"bfloat16": lambda: copy.deepcopy(self.model).to(torch.bfloat16),
+                  "int8": lambda: quantize(self.model, "int8"),
                   "native 4-bit": lambda: load_smollm2(quantized=True)[0],
-                  FAST: lambda: fuse(held["native 4-bit"], int8_output_layer=True)}
+                  FAST: lambda: fuse(self.held["native 4-bit"], int8_output_layer=True)}
         for name, build in others.items():
-            say(f"timing kvlib, with cache, {name} ({repeats} runs), and its weight-read floor ...")
-            held[name] = m = build()
-            rows.append(_time_kvlib(m, prompt, n_new, True, repeats, format=name))
-            format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
+            self.say(f"timing kvlib, with cache, {name} ({self.repeats} runs), and its weight-read floor ...")
+            self.held[name] = m = build()
+            self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, format=name))
+            self.format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
             if compile_formats:
-                say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
-                rows.append(_time_kvlib(m, prompt, n_new, True, repeats, compile=True, format=name))
-    quality = {}
-    if held:
-        from ..data import evaluation_text
-        from ..quant import evaluate_many
+                self.say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
+                self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, compile=True,
+                                             format=name))
 
-        say(f"measuring each format's predictions against float32 over {quality_tokens} tokens of text ...")
-        text_ids = tok.encode(evaluation_text())[:quality_tokens]
-        quality = {name: {"kl_mean": q.kl_mean, "kl_p99": q.kl_p99, "top1": q.top1}
-                   for name, q in evaluate_many(model, held, text_ids).items()}
-    peer_missing = llama_cpp_missing() if peer else "not asked for (--no-peer)"
-    peer_version = None
-    if peer_missing is None:
+    def measure_quality(self, quality_tokens: int) -> None:
+        """Each held format's predictions against float32's over ``quality_tokens`` tokens of text."""
+        from ..data import evaluation_text
+        from .quality import evaluate_many
+
+        self.say(f"measuring each format's predictions against float32 over {quality_tokens} tokens of text ...")
+        text_ids = self.tok.encode(evaluation_text())[:quality_tokens]
+        self.quality = {name: {"kl_mean": q.kl_mean, "kl_p99": q.kl_p99, "top1": q.top1}
+                        for name, q in evaluate_many(self.model, self.held, text_ids).items()}
+
+    def time_peer(self, peer: bool) -> None:
+        """Time llama.cpp on the same file when ``peer`` and it is installed; else say why not."""
+        from .peer import llama_cpp_missing
+
+        self.peer_missing = llama_cpp_missing() if peer else "not asked for (--no-peer)"
+        if self.peer_missing is not None:
+            return
         import llama_cpp
 
         from .peer import open_llama_cpp
 
-        peer_version = getattr(llama_cpp, "__version__", "?")
-        say(f"timing llama.cpp (llama-cpp-python {peer_version}) on the same file ({repeats} runs) ...")
-        llm = open_llama_cpp(path, torch.get_num_threads())
-        rows.append(_time_peer(llm, prompt, n_new, repeats))
-    batched_rows = []
-    if batched:
+        self.peer_version = getattr(llama_cpp, "__version__", "?")
+        self.say(f"timing llama.cpp (llama-cpp-python {self.peer_version}) on the same file ({self.repeats} runs) ...")
+        self.llm = open_llama_cpp(self.path, torch.get_num_threads())
+        self.rows.append(_time_peer(self.llm, self.prompt, self.n_new, self.repeats))
+
+    def time_batched(self) -> None:
+        """Batched decode at each batch size: kvlib float32, the fast path when held, llama.cpp when timed."""
         from ..data import evaluation_text
         from .batched import BATCH_SIZES, batch_prompts, time_kvlib_batched, time_peer_batched
 
-        text_ids = tok.encode(evaluation_text())
+        text_ids = self.tok.encode(evaluation_text())
         for size in BATCH_SIZES:
             prompts = batch_prompts(text_ids, size)
-            say(f"batched decode, {size} sequence{'s' if size > 1 else ''} of 128 tokens, 32 new tokens each ...")
-            batched_rows.append(time_kvlib_batched("kvlib, float32", model, prompts, 32))
-            if FAST in held:
-                batched_rows.append(time_kvlib_batched(f"kvlib, {FAST}", held[FAST], prompts, 32))
-            if peer_missing is None:
-                batched_rows.append(time_peer_batched(llm, prompts, 32))
-    say("profiling one decode step ...")
-    prof = profile_decode_step(model)
-    prof_fast = profile_decode_step(held[FAST]) if FAST in held else None
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    limit_step = weight_bytes / bandwidth            # seconds per token if only the weights had to be read
+            self.say(f"batched decode, {size} sequence{'s' if size > 1 else ''} of 128 tokens, 32 new tokens each ...")
+            self.batched_rows.append(time_kvlib_batched("kvlib, float32", self.model, prompts, 32))
+            if FAST in self.held:
+                self.batched_rows.append(time_kvlib_batched(f"kvlib, {FAST}", self.held[FAST], prompts, 32))
+            if self.peer_missing is None:
+                self.batched_rows.append(time_peer_batched(self.llm, prompts, 32))
+
+    def profile(self) -> None:
+        """Profile one decode step of the float32 model, and of the fast path when held."""
+        self.say("profiling one decode step ...")
+        self.prof = profile_decode_step(self.model)
+        self.prof_fast = profile_decode_step(self.held[FAST]) if FAST in self.held else None
+
+    def summary(self, quality_tokens: int) -> dict:
+        """Everything measured, as the JSON-ready dict :func:`run` returns."""
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        limit_step = weight_bytes / self.bandwidth       # seconds per token if only the weights had to be read
+        ratios, fastest = _ratios(self.rows, limit_step, self.floor)
+        by = {r.impl: r for r in self.rows}
+        reference_tokens = by[Impl("kvlib", True)].tokens
+        n_new, prompt_len = self.n_new, len(self.prompt)
+        return {
+            "machine": machine_description(),
+            "prompt_tokens": prompt_len,
+            "new_tokens": n_new,
+            "repeats": {"cached": self.repeats, "uncached": self.repeats_uncached},
+            "bandwidth_gb_s": self.bandwidth / 1e9,
+            "weight_bytes": weight_bytes,
+            "bandwidth_limit_tokens_per_s": 1 / limit_step,
+            "weight_read_floor_ms": self.floor * 1e3,
+            "compile_seconds": self.compile_seconds,
+            "rows": [_row_dict(r, n_new, prompt_len, reference_tokens) for r in self.rows],
+            "same_tokens": all(r.tokens == reference_tokens for r in self.rows if r.impl.format == "float32"),
+            "formats": [{"format": name, "weight_bytes": nbytes, "weight_read_floor_ms": seconds * 1e3,
+                         "decode_step_ms": 1e3 * by[Impl("kvlib", True, format=name)].decode_step_seconds}
+                        for name, (nbytes, seconds) in self.format_floors.items()],
+            "fastest_kvlib": fastest.impl.label,
+            "peer": {"name": "llama.cpp", "version": self.peer_version, "missing": self.peer_missing},
+            "ratios": ratios,
+            "profile": self.prof,
+            "profile_fast": self.prof_fast,
+            "quality": self.quality,
+            "quality_tokens": quality_tokens,
+            "batched": [r.as_dict() for r in self.batched_rows],
+            "goals": goals(self.rows, self.batched_rows, self.format_floors),
+            "answer": self.tok.decode(reference_tokens),
+            "date": time.strftime("%Y-%m-%d"),
+        }
+
+
+def _row_dict(r: Row, n_new: int, prompt_len: int, reference_tokens: list[int]) -> dict:
+    """One row of the result: its timings as rates, and where its tokens part from ``reference_tokens``."""
+    return {"name": r.impl.label, "library": r.impl.library, "format": r.impl.format,
+            "seconds": r.seconds, "median_seconds": r.median,
+            "tokens_per_s": n_new / r.median,
+            "decode_tokens_per_s": (1 / r.decode_step_seconds) if r.decode_step_seconds else None,
+            "prefill_tokens_per_s": (prompt_len / r.prefill_seconds) if r.prefill_seconds else None,
+            "parts_from_float32_at": first_difference(r.tokens, reference_tokens)}
+
+
+def _ratios(rows: list[Row], limit_step: float, floor: float) -> tuple[dict[str, float], Row]:
+    """The result's ratios between rows, to the bandwidth limit (``limit_step`` seconds per token)
+    and to the weight-read floor (``floor`` seconds), and kvlib's fastest cached row."""
     by = {r.impl: r for r in rows}
     kv_c, hf_c = by[Impl("kvlib", True)], by[Impl("transformers", True)]
     kv_u, hf_u = by[Impl("kvlib", False)], by[Impl("transformers", False)]
@@ -312,40 +417,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
             "kvlib_fastest_decode_vs_llama_cpp": peer_row.decode_step_seconds / fastest.decode_step_seconds,
             "kvlib_fastest_prefill_vs_llama_cpp": peer_row.prefill_seconds / fastest_prefill.prefill_seconds,
         })
-    reference_tokens = kv_c.tokens
-    return {
-        "machine": machine_description(),
-        "prompt_tokens": len(prompt),
-        "new_tokens": n_new,
-        "repeats": {"cached": repeats, "uncached": repeats_uncached},
-        "bandwidth_gb_s": bandwidth / 1e9,
-        "weight_bytes": weight_bytes,
-        "bandwidth_limit_tokens_per_s": 1 / limit_step,
-        "weight_read_floor_ms": floor * 1e3,
-        "compile_seconds": compile_seconds,
-        "rows": [{"name": r.impl.label, "library": r.impl.library, "format": r.impl.format,
-                  "seconds": r.seconds, "median_seconds": r.median,
-                  "tokens_per_s": n_new / r.median,
-                  "decode_tokens_per_s": (1 / r.decode_step_seconds) if r.decode_step_seconds else None,
-                  "prefill_tokens_per_s": (len(prompt) / r.prefill_seconds) if r.prefill_seconds else None,
-                  "parts_from_float32_at": first_difference(r.tokens, reference_tokens)}
-                 for r in rows],
-        "same_tokens": all(r.tokens == reference_tokens for r in rows if r.impl.format == "float32"),
-        "formats": [{"format": name, "weight_bytes": nbytes, "weight_read_floor_ms": seconds * 1e3,
-                     "decode_step_ms": 1e3 * by[Impl("kvlib", True, format=name)].decode_step_seconds}
-                    for name, (nbytes, seconds) in format_floors.items()],
-        "fastest_kvlib": fastest.impl.label,
-        "peer": {"name": "llama.cpp", "version": peer_version, "missing": peer_missing},
-        "ratios": ratios,
-        "profile": prof,
-        "profile_fast": prof_fast,
-        "quality": quality,
-        "quality_tokens": quality_tokens,
-        "batched": [r.as_dict() for r in batched_rows],
-        "goals": goals(rows, batched_rows, format_floors),
-        "answer": tok.decode(kv_c.tokens),
-        "date": time.strftime("%Y-%m-%d"),
-    }
+    return ratios, fastest
 
 
 FAST = "fast 4-bit"     # the fast path's format: kvlib.fast.fuse of the native 4-bit model, int8 output layer

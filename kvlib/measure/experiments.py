@@ -14,7 +14,6 @@ from ..cache.base import KVCache
 from ..clock import Stopwatch
 from ..generate import Generation, generate
 from .memory import peak_memory
-from .quality import Agreement, LogProbs
 
 @dataclass
 class SpeedComparison:
@@ -52,7 +51,7 @@ class SpeedComparison:
 
 def _timed(model, prompt, n_new, use_cache, compile=False) -> tuple[Generation, float]:
     with Stopwatch() as watch:
-        out = generate(model, prompt, n_new, use_cache=use_cache, return_records=True, compile=compile)
+        out = generate(model, prompt, n_new, use_cache=use_cache, keep_logits=True, compile=compile)
     return out, watch.seconds
 
 
@@ -203,49 +202,6 @@ def uncached_peak_is_last_step(model: torch.nn.Module, prompt_ids: Sequence[int]
 
 
 @dataclass
-class CacheQuality(Agreement):
-    """Next-token predictions with one kind of cache against a full-precision cache, over a text
-    (``kl``, ``same_top1`` and their summaries: :class:`kvlib.measure.quality.Agreement`)."""
-
-    name: str
-    nbytes: int               # the cache's bytes for the whole text
-
-
-def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, Callable[[int], KVCache]], *,
-                  chunk: int = 256, progress: bool = True) -> dict[str, CacheQuality]:
-    """Run the text ``ids`` through the model with each cache of ``caches`` (name -> a function
-    that builds the cache for ``max_len`` positions, e.g. ``lambda n: Int8KVCache.for_model(model,
-    max_len=n)``) and with a plain :class:`kvlib.KVCache` in the model's dtype (the reference),
-    in chunks of ``chunk`` tokens, and compare the next-token distributions at every position
-    (:func:`kvlib.measure.next_token_agreement`).
-
-    Feeding a text through a cache chunk by chunk (*teacher forcing*) gives every position the
-    logits a decode step would: each query attends to the stored, possibly rounded, keys and
-    values of all earlier tokens. Only one chunk of logits is alive at a time.
-    """
-    device = next(model.parameters()).device
-    x = torch.tensor([list(ids)], dtype=torch.long, device=device)          # (1, n)
-    built = {"reference": KVCache.for_model(model, max_len=x.shape[1])}
-    built.update({name: make(x.shape[1]) for name, make in caches.items()})
-    kls: dict[str, list[torch.Tensor]] = {name: [] for name in caches}
-    tops: dict[str, list[torch.Tensor]] = {name: [] for name in caches}
-    starts = range(0, x.shape[1], chunk)
-    if progress:
-        from tqdm.auto import tqdm
-        starts = tqdm(starts, desc="chunks of the text", unit="chunk")
-    with torch.no_grad():
-        for start in starts:
-            part = x[:, start:start + chunk]
-            reference = LogProbs(model(part, built["reference"])[0])          # (chunk, vocab)
-            for name in caches:
-                kl, same = reference.agreement(LogProbs(model(part, built[name])[0]))
-                kls[name].append(kl.cpu())
-                tops[name].append(same.cpu())
-    return {name: CacheQuality(torch.cat(kls[name]), torch.cat(tops[name]), name=name, nbytes=built[name].nbytes)
-            for name in caches}
-
-
-@dataclass
 class BatchPoint:
     """Batched decoding at one batch size: the median one-token step, and the roofline's prediction."""
 
@@ -289,7 +245,7 @@ def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
     points = []
     for b in items:
         generate_batch(model, [list(prompt)] * b, 2)                          # warm-up at this shape
-        out = generate_batch(model, [list(prompt)] * b, n_new, return_records=True)
-        step = statistics.median(r.seconds for r in out.records[1:])
+        out = generate_batch(model, [list(prompt)] * b, n_new)
+        step = statistics.median(r.seconds for r in out[0].records[1:])
         points.append(BatchPoint(b, step, roofline_seconds(b * per_token, weight_bytes, flops_per_s, bandwidth)))
     return points

@@ -11,6 +11,7 @@ reset before every run so that the prompt is prefilled each time.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -85,6 +86,9 @@ def greedy_run(llm: Any, prompt: Sequence[int], n_new: int, *,
     return PeerRun(tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])])
 
 
+_CHUNK = 512    # the most tokens one llama_decode call takes: longer prompts are prefilled in chunks
+
+
 def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *,
                        clock: Callable[[], float] | None = None) -> BatchedPeerRun:
     """``n_new`` greedy tokens after each of ``prompts``, all sequences in one batch, through
@@ -95,47 +99,15 @@ def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *
     The prompts are prefilled in chunks of up to 512 tokens; then every step feeds one token
     per sequence, and the next tokens are the argmax of each sequence's logits.
     """
-    import ctypes
-
     import llama_cpp as lc
-    import numpy as np
 
     if n_new < 1 or not prompts or not all(prompts):
         raise ValueError("batched_greedy_run needs n_new >= 1 and at least one non-empty prompt")
     clock = clock or time.perf_counter
-    n_seq, chunk = len(prompts), 512
-    params = lc.llama_context_default_params()
-    # llama.cpp splits the context evenly among the sequences, in whole blocks of 256 cells
-    per_sequence = -(-(max(len(p) for p in prompts) + n_new) // 256) * 256
-    params.n_ctx = per_sequence * n_seq
-    params.n_batch = params.n_ubatch = chunk
-    params.n_seq_max = n_seq
-    params.kv_unified = False
-    params.n_threads = params.n_threads_batch = llm.n_threads
-    ctx = lc.llama_init_from_model(llm.model, params)
-    if not ctx:
-        raise RuntimeError(f"llama.cpp could not make a context for {n_seq} sequences of {params.n_ctx} cells in all")
+    ctx = _batched_context(lc, llm, prompts, n_new)
     n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(llm.model))
-    batch = lc.llama_batch_init(chunk, 0, 1)
-
-    def decode(entries: list[tuple[int, int, int, bool]]) -> list[int]:
-        """Feed (token, position, sequence, wants logits) entries; the argmax of each wanted row."""
-        chosen = []
-        for start in range(0, len(entries), chunk):
-            part = entries[start:start + chunk]
-            batch.n_tokens = len(part)
-            for i, (token, pos, seq, wants) in enumerate(part):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wants
-                batch.seq_id[i][0] = seq
-            if lc.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed: the context has no room for this batch")
-            for i, (*_, wants) in enumerate(part):
-                if wants:
-                    row = lc.llama_get_logits_ith(ctx, i)
-                    chosen.append(int(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)),
-                                                            shape=(n_vocab,)).argmax()))
-        return chosen
-
+    batch = lc.llama_batch_init(_CHUNK, 0, 1)
+    decode = functools.partial(_decode_argmax, lc, ctx, batch, n_vocab)
     try:
         start = clock()
         last = decode([(t, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts) for pos, t in enumerate(p)])
@@ -150,6 +122,49 @@ def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *
         lc.llama_batch_free(batch)
         lc.llama_free(ctx)
     return BatchedPeerRun(tokens, stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])])
+
+
+def _batched_context(lc: Any, llm: Any, prompts: Sequence[Sequence[int]], n_new: int) -> Any:
+    """A new llama.cpp context on ``llm``'s weights with one sequence per prompt, each with room for
+    its prompt and ``n_new`` tokens; raises ``RuntimeError`` when llama.cpp cannot make it."""
+    n_seq = len(prompts)
+    params = lc.llama_context_default_params()
+    # llama.cpp splits the context evenly among the sequences, in whole blocks of 256 cells
+    per_sequence = -(-(max(len(p) for p in prompts) + n_new) // 256) * 256
+    params.n_ctx = per_sequence * n_seq
+    params.n_batch = params.n_ubatch = _CHUNK
+    params.n_seq_max = n_seq
+    params.kv_unified = False
+    params.n_threads = params.n_threads_batch = llm.n_threads
+    ctx = lc.llama_init_from_model(llm.model, params)
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not make a context for {n_seq} sequences of {params.n_ctx} cells in all")
+    return ctx
+
+
+def _decode_argmax(lc: Any, ctx: Any, batch: Any, n_vocab: int,
+                   entries: list[tuple[int, int, int, bool]]) -> list[int]:
+    """Feed (token, position, sequence, wants logits) entries to ``ctx`` through ``batch``, in chunks
+    of ``_CHUNK``; the argmax of each wanted row, in order."""
+    import ctypes
+
+    import numpy as np
+
+    chosen = []
+    for start in range(0, len(entries), _CHUNK):
+        part = entries[start:start + _CHUNK]
+        batch.n_tokens = len(part)
+        for i, (token, pos, seq, wants) in enumerate(part):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, wants
+            batch.seq_id[i][0] = seq
+        if lc.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed: the context has no room for this batch")
+        for i, (*_, wants) in enumerate(part):
+            if wants:
+                row = lc.llama_get_logits_ith(ctx, i)
+                chosen.append(int(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)),
+                                                        shape=(n_vocab,)).argmax()))
+    return chosen
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:

@@ -1,11 +1,19 @@
-"""How far one model's (or one cache's) next-token predictions are from another's."""
+"""How far one model's (or one cache's) next-token predictions are from another's: position by
+position (:class:`LogProbs`), and over a whole text fed through both (:func:`teacher_forced`, and
+:func:`evaluate_many` and :func:`cache_quality` on it)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["Agreement", "LogProbs", "next_token_agreement"]
+from ..cache.base import KVCache
+from ..checks import positive_int
+
+__all__ = ["Agreement", "LogProbs", "next_token_agreement", "Quality", "teacher_forced", "plain_cache", "evaluate",
+           "evaluate_many", "cache_quality"]
 
 
 @dataclass
@@ -70,3 +78,99 @@ def next_token_agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[
     if reference.shape != other.shape:
         raise ValueError(f"logits of different shapes: {tuple(reference.shape)} and {tuple(other.shape)}")
     return LogProbs(reference).agreement(LogProbs(other))
+
+
+# ---------------------------------------------------------------------------------------
+# The one teacher-forced comparison: a text through a reference and through each candidate
+# ---------------------------------------------------------------------------------------
+
+@dataclass
+class Quality(Agreement):
+    """Next-token predictions of one candidate (a model, or a model with another cache) against a
+    reference's, over ``positions`` positions of a text: ``kl`` and ``same_top1``
+    (:class:`Agreement`), both runs' losses, and the bytes of the candidate's cache."""
+
+    nll_reference: torch.Tensor  # (positions - 1,) float64: -log p(next token) under each run
+    nll: torch.Tensor
+    cache_bytes: int = 0
+
+    @property
+    def ppl_reference(self) -> float:
+        return math.exp(float(self.nll_reference.mean()))
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(float(self.nll.mean()))
+
+
+Run = tuple[torch.nn.Module, Callable[[int], KVCache]]     # a model, and how to build its cache for n positions
+
+
+@torch.no_grad()
+def teacher_forced(reference: Run, candidates: dict[str, Run], ids: Sequence[int] | torch.Tensor, *,
+                   window: int = 512, progress: str | None = None) -> dict[str, Quality]:
+    """Feed the text ``ids`` through the reference and each candidate, ``window`` tokens at a time
+    through each one's KV cache (*teacher forcing*: every position gets the logits a decode step
+    would, attending to the stored, possibly rounded, keys and values of all earlier tokens), and
+    set each candidate's next-token distributions against the reference's at every position. The
+    reference runs once; only one window of logits is alive at a time. ``progress``: a tqdm label."""
+    positive_int("window", window)
+    ids = torch.as_tensor(list(ids) if not isinstance(ids, torch.Tensor) else ids, dtype=torch.long).cpu()
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"ids must be one text of at least 2 token ids, got shape {tuple(ids.shape)}")
+    runs = {"reference": reference, **candidates}
+    for model, _ in runs.values():
+        if ids.numel() > model.config.max_seq_len:
+            raise ValueError(f"the text has {ids.numel()} tokens, more than the model's max_seq_len="
+                             f"{model.config.max_seq_len}; evaluate a shorter piece")
+    caches = {name: make(ids.numel()) for name, (_, make) in runs.items()}
+    parts: dict[str, list[list[torch.Tensor]]] = {name: [[], [], [], []] for name in candidates}
+    for start in _windows(ids.numel(), window, progress):
+        part, targets = ids[start:start + window], ids[start + 1:start + 1 + window]
+        logits = {name: model(part[None].to(model.device), caches[name])[0].cpu() for name, (model, _) in runs.items()}
+        ref = LogProbs(logits.pop("reference"))                                   # (window, vocab)
+        for name, got in logits.items():
+            got = LogProbs(got)
+            for bucket, value in zip(parts[name], (*ref.agreement(got), ref.nll(targets), got.nll(targets))):
+                bucket.append(value)
+    return {name: Quality(*(torch.cat(b) for b in buckets), cache_bytes=caches[name].nbytes)
+            for name, buckets in parts.items()}
+
+
+def _windows(n: int, window: int, progress: str | None):
+    starts = range(0, n, window)
+    if progress is None:
+        return starts
+    from tqdm.auto import tqdm
+    return tqdm(starts, desc=progress, unit="window")
+
+
+def plain_cache(model: torch.nn.Module) -> Callable[[int], KVCache]:
+    """A full-precision :class:`kvlib.KVCache` for ``model``, of ``n`` positions."""
+    return lambda n: KVCache.for_model(model, max_len=n)
+
+
+def evaluate_many(reference: torch.nn.Module, models: dict[str, torch.nn.Module], ids: Sequence[int] | torch.Tensor, *,
+                  window: int = 512, progress: bool = False) -> dict[str, Quality]:
+    """What quantizing (or any other change of the model) does to its predictions: each of
+    ``models`` against ``reference`` over the text ``ids``, each with a full-precision cache: the
+    KL divergence ``KL(reference || model)`` (mean, and its 99th percentile, the bad positions),
+    top-1 agreement, and both models' perplexity on the text (:func:`teacher_forced`)."""
+    return teacher_forced((reference, plain_cache(reference)), {name: (m, plain_cache(m)) for name, m in models.items()},
+                          ids, window=window, progress="windows of the text" if progress else None)
+
+
+def evaluate(reference: torch.nn.Module, model: torch.nn.Module, ids: Sequence[int] | torch.Tensor, *,
+             window: int = 512, progress: bool = False) -> Quality:
+    """:func:`evaluate_many` for one model."""
+    return evaluate_many(reference, {"model": model}, ids, window=window, progress=progress)["model"]
+
+
+def cache_quality(model: torch.nn.Module, ids: Sequence[int], caches: dict[str, Callable[[int], KVCache]], *,
+                  chunk: int = 256, progress: bool = True) -> dict[str, Quality]:
+    """What a cache that stores keys and values differently does to the predictions: ``model``
+    with each cache of ``caches`` (name -> a function that builds it for ``n`` positions, e.g.
+    ``lambda n: Int8KVCache.for_model(model, max_len=n)``) against ``model`` with a plain
+    :class:`kvlib.KVCache`, fed the text ``ids`` ``chunk`` tokens at a time (:func:`teacher_forced`)."""
+    return teacher_forced((model, plain_cache(model)), {name: (model, make) for name, make in caches.items()},
+                          ids, window=chunk, progress="chunks of the text" if progress else None)

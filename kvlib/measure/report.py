@@ -9,7 +9,20 @@ __all__ = ["to_markdown"]
 
 def to_markdown(result: dict) -> str:
     """The results as a markdown table plus the facts needed to read it."""
-    m, r = result["machine"], result["ratios"]
+    sections = [_timings, _formats, _batched, _peer, _bandwidth, _ratios, _compile_note, _profile, _profile_fast,
+                _goals]
+    lines = [line for section in sections for line in section(result)]
+    return "\n".join(lines) + "\n"
+
+
+def _shown(value, spec=".1f") -> str:
+    """``value`` formatted with ``spec``, or a dash for ``None``."""
+    return "–" if value is None else format(value, spec)
+
+
+def _timings(result: dict) -> list[str]:
+    """The machine, the prompt, and the table of every implementation's timings."""
+    m = result["machine"]
     lines = [
         f"Measured on {m['cpu']} ({m.get('vector_extensions', 'unknown')} vector instructions, "
         f"{m['logical_cpus']} logical CPUs, {m['torch_threads']} torch threads), "
@@ -26,52 +39,71 @@ def to_markdown(result: dict) -> str:
         "| prefill tokens/s | parts from float32 at token |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-
-    def shown(value, spec=".1f"):
-        return "–" if value is None else format(value, spec)
-
     for row in result["rows"]:
         lines.append(f"| {row['name']} | {fmt_seconds(row['median_seconds'])} | {row['tokens_per_s']:.1f} "
-                     f"| {shown(row['decode_tokens_per_s'])} | {shown(row.get('prefill_tokens_per_s'))} "
-                     f"| {shown(row.get('parts_from_float32_at'), 'd')} |")
-    if result.get("formats"):
-        quality = result.get("quality") or {}
-        lines += ["", "Each kvlib format's weights as it holds them, its weight-read floor (every matrix once, "
-                      "back to back, in that format's kernels), its decode step, with the cache, eager, and its "
-                      f"predictions against float32's over the first {result.get('quality_tokens')} tokens of the "
-                      "evaluation text (KL divergence, mean and 99th percentile, and the share of positions whose "
-                      "most likely token is float32's). The fast 4-bit path is the native 4-bit model with its "
-                      "matrices fused at load time (`kvlib.fast.fuse`: q, k and v as one matrix, gate and up as "
-                      "one) and its output layer in int8.", "",
-                  "| format | weights | weight-read floor | decode step | step / floor | KL mean | KL p99 "
-                  "| same top-1 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for f in result["formats"]:
-            q = quality.get(f["format"])
-            judged = (f"{q['kl_mean']:.4f} | {q['kl_p99']:.3f} | {100 * q['top1']:.1f} %" if q else
-                      "(the reference) | |" if f["format"] == "float32" else "– | – | –")
-            lines.append(f"| {f['format']} | {f['weight_bytes'] / 2**20:.1f} MiB | {f['weight_read_floor_ms']:.1f} ms "
-                         f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× "
-                         f"| {judged} |")
-    if result.get("batched"):
-        sizes = sorted({b["batch"] for b in result["batched"]})
-        names = list(dict.fromkeys(b["name"] for b in result["batched"]))
-        rate = {(b["name"], b["batch"]): b["decode_tokens_per_s"] for b in result["batched"]}
-        lines += ["", "Batched decode, as llama.cpp's `llama-batched-bench` measures it: each sequence a prompt of "
-                      "128 tokens (distinct pieces of the evaluation text), prefilled, then 32 greedy tokens for "
-                      "every sequence, one per sequence per step. Decode tokens/s: every sequence's new tokens over "
-                      "the time of the one-token steps.", "",
-                  "| implementation | " + " | ".join(f"batch {n}" for n in sizes) + " |",
-                  "|---|" + "---:|" * len(sizes)]
-        for name in names:
-            lines.append(f"| {name} | " + " | ".join(shown(rate.get((name, n))) for n in sizes) + " |")
+                     f"| {_shown(row['decode_tokens_per_s'])} | {_shown(row.get('prefill_tokens_per_s'))} "
+                     f"| {_shown(row.get('parts_from_float32_at'), 'd')} |")
+    return lines
+
+
+def _formats(result: dict) -> list[str]:
+    """The table of kvlib's formats (weights, floor, decode step, quality); none without formats."""
+    if not result.get("formats"):
+        return []
+    quality = result.get("quality") or {}
+    lines = ["", "Each kvlib format's weights as it holds them, its weight-read floor (every matrix once, "
+                 "back to back, in that format's kernels), its decode step, with the cache, eager, and its "
+                 f"predictions against float32's over the first {result.get('quality_tokens')} tokens of the "
+                 "evaluation text (KL divergence, mean and 99th percentile, and the share of positions whose "
+                 "most likely token is float32's). The fast 4-bit path is the native 4-bit model with its "
+                 "matrices fused at load time (`kvlib.fast.fuse`: q, k and v as one matrix, gate and up as "
+                 "one) and its output layer in int8.", "",
+             "| format | weights | weight-read floor | decode step | step / floor | KL mean | KL p99 "
+             "| same top-1 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in result["formats"]:
+        q = quality.get(f["format"])
+        judged = (f"{q['kl_mean']:.4f} | {q['kl_p99']:.3f} | {100 * q['top1']:.1f} %" if q else
+                  "(the reference) | |" if f["format"] == "float32" else "– | – | –")
+        lines.append(f"| {f['format']} | {f['weight_bytes'] / 2**20:.1f} MiB | {f['weight_read_floor_ms']:.1f} ms "
+                     f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× "
+                     f"| {judged} |")
+    return lines
+
+
+def _batched(result: dict) -> list[str]:
+    """The table of batched decode rates, one column per batch size; none without batched rows."""
+    if not result.get("batched"):
+        return []
+    sizes = sorted({b["batch"] for b in result["batched"]})
+    names = list(dict.fromkeys(b["name"] for b in result["batched"]))
+    rate = {(b["name"], b["batch"]): b["decode_tokens_per_s"] for b in result["batched"]}
+    lines = ["", "Batched decode, as llama.cpp's `llama-batched-bench` measures it: each sequence a prompt of "
+                 "128 tokens (distinct pieces of the evaluation text), prefilled, then 32 greedy tokens for "
+                 "every sequence, one per sequence per step. Decode tokens/s: every sequence's new tokens over "
+                 "the time of the one-token steps.", "",
+             "| implementation | " + " | ".join(f"batch {n}" for n in sizes) + " |",
+             "|---|" + "---:|" * len(sizes)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(_shown(rate.get((name, n))) for n in sizes) + " |")
+    return lines
+
+
+def _peer(result: dict) -> list[str]:
+    """What llama.cpp ran, or why it has no row; none when the result says nothing of a peer."""
     peer = result.get("peer")
     if peer and peer.get("missing"):
-        lines += ["", f"No llama.cpp row: {peer['missing']}."]
-    elif peer:
-        lines += ["", f"llama.cpp: llama-cpp-python {peer['version']}, its vendored llama.cpp, on the same GGUF "
-                      "file (Q4_1 layers, a Q8_0 embedding), with the same threads, greedy, its own KV cache "
-                      "reset before every run."]
-    lines += [
+        return ["", f"No llama.cpp row: {peer['missing']}."]
+    if peer:
+        return ["", f"llama.cpp: llama-cpp-python {peer['version']}, its vendored llama.cpp, on the same GGUF "
+                    "file (Q4_1 layers, a Q8_0 embedding), with the same threads, greedy, its own KV cache "
+                    "reset before every run."]
+    return []
+
+
+def _bandwidth(result: dict) -> list[str]:
+    """The bandwidth limit and the weight-read floor, then the head of the ratio table."""
+    r = result["ratios"]
+    return [
         "",
         f"Memory bandwidth (reading a 512 MiB buffer): {result['bandwidth_gb_s']:.1f} GB/s. The weights are "
         f"{result['weight_bytes'] / 1e6:.0f} MB, so reading them once per token allows at most "
@@ -90,7 +122,12 @@ def to_markdown(result: dict) -> str:
         "| ratio | value |",
         "|---|---:|",
     ]
-    compiled = "kvlib_compiled_vs_transformers_cached_decode" in r
+
+
+def _ratios(result: dict) -> list[str]:
+    """The rows of the ratio table: every ratio measured (those absent skipped), then each float32
+    implementation's decode step as a share of the weight-read floor."""
+    r = result["ratios"]
     ratio_rows = [
         ("kvlib cached decode / transformers cached decode (tokens/s)", r["kvlib_cached_vs_transformers_cached_decode"], "x"),
         ("kvlib compiled cached decode / transformers cached decode (tokens/s)",
@@ -112,46 +149,71 @@ def to_markdown(result: dict) -> str:
         if row["decode_tokens_per_s"] and row.get("format", "float32") == "float32" and row.get("library") != "llama.cpp":
             ratio_rows.append((f"{row['name']}: decode step, share of the weight-read floor",
                                floor_s * row["decode_tokens_per_s"], "%"))
+    lines = []
     for label, value, kind in ratio_rows:
         if value is None:
             continue
         shown = {"x": f"{value:.2f}×", "x1": f"{value:.1f}×", "%": f"{100 * value:.0f} %"}[kind]
         lines.append(f"| {label} | {shown} |")
-    if compiled:
-        lines += ["", f"The first compiled call (`generate(..., compile=True)`) took "
-                      f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
-                      "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
-                      "on the same machine compiled the same step."]
+    return lines
+
+
+def _compile_note(result: dict) -> list[str]:
+    """How long the first compiled call took; none when nothing was compiled."""
+    if "kvlib_compiled_vs_transformers_cached_decode" not in result["ratios"]:
+        return []
+    return ["", f"The first compiled call (`generate(..., compile=True)`) took "
+                f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
+                "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
+                "on the same machine compiled the same step."]
+
+
+def _operator_table(top: list) -> list[str]:
+    """A profile's top operators as a table: name, calls per step, milliseconds per step."""
+    return [
+        "",
+        "| operator | calls per step | ms per step |",
+        "|---|---:|---:|",
+    ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in top]
+
+
+def _profile(result: dict) -> list[str]:
+    """The float32 decode step's profile; none without one."""
     p = result.get("profile")
-    if p:
-        lines += [
-            "",
-            f"Profile of one kvlib decode step at {p['context_len']} tokens of context (torch profiler, "
-            f"{p['ms_per_step']:.1f} ms of operator time, {p['ops_per_step']:.0f} operator calls): "
-            f"{100 * p['matmul_share']:.0f} % in matrix products, which read the weights; the rest is the "
-            "per-operator cost of running eagerly (norms, rotary embedding, reshapes, attention).",
-            "",
-            "| operator | calls per step | ms per step |",
-            "|---|---:|---:|",
-        ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in p["top"]]
+    if not p:
+        return []
+    return [
+        "",
+        f"Profile of one kvlib decode step at {p['context_len']} tokens of context (torch profiler, "
+        f"{p['ms_per_step']:.1f} ms of operator time, {p['ops_per_step']:.0f} operator calls): "
+        f"{100 * p['matmul_share']:.0f} % in matrix products, which read the weights; the rest is the "
+        "per-operator cost of running eagerly (norms, rotary embedding, reshapes, attention).",
+    ] + _operator_table(p["top"])
+
+
+def _profile_fast(result: dict) -> list[str]:
+    """The fast 4-bit path's decode step profile; none without one."""
     pf = result.get("profile_fast")
-    if pf:
-        lines += [
-            "",
-            f"Profile of one decode step of the fast 4-bit path at {pf['context_len']} tokens of context: "
-            f"{pf['wall_ms_per_step']:.1f} ms per step unprofiled, of which {pf['ms_per_step']:.1f} ms in "
-            f"{pf['ops_per_step']:.0f} operator calls ({100 * pf['matmul_share']:.0f} % of it in the weight-only "
-            "kernels) and the rest in Python between them.",
-            "",
-            "| operator | calls per step | ms per step |",
-            "|---|---:|---:|",
-        ] + [f"| `{name}` | {calls:.0f} | {ms:.2f} |" for name, calls, ms in pf["top"]]
-    if result.get("goals"):
-        lines += ["", "The performance goals, as this run measured them:", "",
-                  "| goal | target | measured | met |", "|---|---:|---:|---|"]
-        for g in result["goals"]:
-            value = "not measured" if g["value"] is None else (
-                f"{100 * g['value']:.0f} %" if g["target"] < 1 else f"{g['value']:.2f}×")
-            target = f"{100 * g['target']:.0f} %" if g["target"] < 1 else f"{g['target']:.1f}×"
-            lines.append(f"| {g['goal']} | {target} | {value} | {'–' if g['met'] is None else ('yes' if g['met'] else 'no')} |")
-    return "\n".join(lines) + "\n"
+    if not pf:
+        return []
+    return [
+        "",
+        f"Profile of one decode step of the fast 4-bit path at {pf['context_len']} tokens of context: "
+        f"{pf['wall_ms_per_step']:.1f} ms per step unprofiled, of which {pf['ms_per_step']:.1f} ms in "
+        f"{pf['ops_per_step']:.0f} operator calls ({100 * pf['matmul_share']:.0f} % of it in the weight-only "
+        "kernels) and the rest in Python between them.",
+    ] + _operator_table(pf["top"])
+
+
+def _goals(result: dict) -> list[str]:
+    """The performance goals as this run measured them; none without goals."""
+    if not result.get("goals"):
+        return []
+    lines = ["", "The performance goals, as this run measured them:", "",
+             "| goal | target | measured | met |", "|---|---:|---:|---|"]
+    for g in result["goals"]:
+        value = "not measured" if g["value"] is None else (
+            f"{100 * g['value']:.0f} %" if g["target"] < 1 else f"{g['value']:.2f}×")
+        target = f"{100 * g['target']:.0f} %" if g["target"] < 1 else f"{g['target']:.1f}×"
+        lines.append(f"| {g['goal']} | {target} | {value} | {'–' if g['met'] is None else ('yes' if g['met'] else 'no')} |")
+    return lines

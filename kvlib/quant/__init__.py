@@ -1,20 +1,20 @@
-"""Fewer bytes per weight: quantized linear layers, the number formats behind them, and how
-to measure what they cost in quality.
+"""Fewer bytes per weight: quantized linear layers and the number formats behind them.
 
 - :mod:`.formats`: int8 per channel, int4 per group, packing, llama.cpp's Q4_1 blocks;
 - :mod:`.linear`: :class:`Int8Linear` and :class:`Int4Linear`, on PyTorch's weight-only kernels;
-- :mod:`.model`: :func:`quantize` a decoder, or load the model file's own 4-bit blocks;
-- :mod:`.evaluate`: :func:`evaluate`, KL divergence, top-1 agreement and perplexity over a text.
+- :mod:`.model`: :func:`quantize` a decoder.
+
+What they cost in quality is measured by :mod:`kvlib.measure.quality`; the model file's own
+4-bit blocks are loaded by :func:`kvlib.smollm2.load_q4_1_decoder`.
 """
 from __future__ import annotations
 
-from .evaluate import Quality, evaluate, evaluate_many
 from .formats import (bits_per_weight, dequantize_int4_groups, dequantize_int8_rows, pack_int4, q4_1_as_int4_groups,
                       q4_1_blocks, quantize_int4_groups, quantize_int8_rows, quantize_symmetric, unpack_int4)
 from .linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
-from .model import SCHEMES, is_quantized, load_q4_1_decoder, quantize
+from .model import SCHEMES, is_quantized, linear_layers, quantize
 
-__all__ = ["quantize", "evaluate", "evaluate_many", "Quality", "Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "SCHEMES",
-           "is_quantized", "load_q4_1_decoder", "quantize_int8_rows", "dequantize_int8_rows",
+__all__ = ["quantize", "Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "SCHEMES",
+           "is_quantized", "linear_layers", "quantize_int8_rows", "dequantize_int8_rows",
            "quantize_int4_groups", "dequantize_int4_groups", "quantize_symmetric", "pack_int4", "unpack_int4",
            "bits_per_weight", "q4_1_blocks", "q4_1_as_int4_groups"]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..checks import positive_int
+from ..rounding import asymmetric_range, fake_quantize, from_grid, symmetric_scale, to_grid
 
 __all__ = ["quantize_int8_rows", "dequantize_int8_rows", "quantize_int4_groups", "dequantize_int4_groups",
            "quantize_symmetric", "pack_int4", "unpack_int4", "bits_per_weight", "Q4_1_BLOCK", "Q8_0_BLOCK",
@@ -34,13 +35,12 @@ Q8_0_BLOCK = 32          # weights per block: 1 float16 (d) + 32 int8 = 34 bytes
 def quantize_int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 with one scale per row (output channel) of ``w`` ``(out, in)``:
     ``(q int8 (out, in), scale (out,))`` with ``w ≈ q * scale[:, None]``."""
-    scale = w.abs().amax(dim=1) / 127
-    q = torch.round(w / torch.where(scale == 0, 1, scale)[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale
+    scale = symmetric_scale(w, 8, dim=1)                                         # (out, 1)
+    return to_grid(w, scale, lo=-127, hi=127).to(torch.int8), scale[:, 0]
 
 
 def dequantize_int8_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale.float()[:, None]
+    return from_grid(q.float(), scale.float()[:, None])
 
 
 def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -56,31 +56,25 @@ def quantize_int4_groups(w: torch.Tensor, group_size: int = 32) -> tuple[torch.T
     ``(q uint8 in 0..15 (out, in), scale (out, in/g), zero (out, in/g))`` with
     ``w ≈ (q - 8) * scale + zero`` per group."""
     g = _groups(w.float(), group_size)
-    lo, hi = g.amin(dim=-1), g.amax(dim=-1)                                       # (out, groups)
-    scale = ((hi - lo) / 15).clamp(min=1e-12)
-    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
-    return q.reshape(w.shape), scale, lo + 8 * scale
+    scale, lo = asymmetric_range(g, 4, dim=-1, min_scale=1e-12)                   # (out, groups, 1) each
+    q = to_grid(g, scale, lo, lo=0, hi=15).to(torch.uint8)
+    return q.reshape(w.shape), scale[..., 0], (lo + 8 * scale)[..., 0]
 
 
 def dequantize_int4_groups(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = 32) -> torch.Tensor:
     g = _groups(q.float(), group_size)
-    return ((g - 8) * scale[..., None].float() + zero[..., None].float()).reshape(q.shape)
+    return from_grid(g - 8, scale[..., None].float(), zero[..., None].float()).reshape(q.shape)
 
 
 def quantize_symmetric(w: torch.Tensor, bits: int, group_size: int | None = None, *, axis: str = "group") -> torch.Tensor:
     """``w`` rounded to ``bits``-bit symmetric integers and back, with one scale per tensor
     (``axis="tensor"``), per output row (``"channel"``) or per ``group_size`` weights of a row
     (``"group"``): what each choice of scale costs, in the weights' own units."""
-    top = 2 ** (bits - 1) - 1
     if axis == "tensor":
-        scale = w.abs().amax() / top
-        return torch.round(w / scale).clamp(-top, top) * scale
+        return fake_quantize(w, bits, None)
     if axis == "channel":
-        scale = w.abs().amax(dim=1, keepdim=True) / top
-        return torch.round(w / scale).clamp(-top, top) * scale
-    g = _groups(w, group_size or 32)
-    scale = g.abs().amax(dim=-1, keepdim=True) / top
-    return (torch.round(g / scale).clamp(-top, top) * scale).reshape(w.shape)
+        return fake_quantize(w, bits, 1)
+    return fake_quantize(_groups(w, group_size or 32), bits, -1).reshape(w.shape)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:

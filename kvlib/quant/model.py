@@ -1,19 +1,16 @@
 """Quantizing a whole decoder: every linear layer swapped for an 8- or 4-bit one (as gpt-fast
-does), and the real model's own 4-bit file loaded as it is stored."""
+does). (The real model's own 4-bit file, loaded as it is stored: :mod:`kvlib.smollm2.quantized`.)"""
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 from torch import nn
 
 from ..model import Decoder
-from ..rope import RotaryEmbedding
-from .formats import q4_1_as_int4_groups
 from .linear import COMPUTE_DTYPE, INT4_GROUP_SIZES, Int4Linear, Int8Linear
 
-__all__ = ["SCHEMES", "quantize", "is_quantized", "load_q4_1_decoder"]
+__all__ = ["SCHEMES", "quantize", "is_quantized", "linear_layers"]
 
 SCHEMES = ("int8", "int4")
 
@@ -23,7 +20,7 @@ def is_quantized(model: nn.Module) -> bool:
     return any(isinstance(m, (Int8Linear, Int4Linear)) for m in model.modules())
 
 
-def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     """(parent, attribute, layer) for every ``nn.Linear`` of ``model``."""
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
             if isinstance(child, nn.Linear)]
@@ -47,47 +44,15 @@ def quantize(model: Decoder, scheme: str, *, group_size: int = 32, output_layer:
     if scheme == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"group_size={group_size!r}: PyTorch's int4 kernel takes groups of "
                          f"{', '.join(map(str, INT4_GROUP_SIZES))} inputs")
-    for _, name, linear in _linears(model):
+    for _, name, linear in linear_layers(model):
         if scheme == "int4" and linear.in_features % group_size:
             raise ValueError(f"group_size={group_size} does not divide the input width {linear.in_features} of "
                              f"a {name} layer; choose a divisor of it")
     out = copy.deepcopy(model)
-    for (parent, name, linear), (_, _, source) in zip(_linears(out), _linears(model)):
+    for (parent, name, linear), (_, _, source) in zip(linear_layers(out), linear_layers(model)):
         weight = source.weight.detach().float()                         # from the float32 original, not a copy in bf16
         layer = Int8Linear.from_weight(weight) if scheme == "int8" else Int4Linear.from_weight(weight, group_size)
         setattr(parent, name, layer)
     if output_layer:
         out.lm_head = Int8Linear.from_weight(model.embed.weight.detach().float())
     return out.to(COMPUTE_DTYPE).eval()
-
-
-def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)") -> Decoder:
-    """A :class:`kvlib.Decoder` that keeps a GGUF file's Q4_1 matrices as they are stored: each
-    becomes an :class:`~kvlib.quant.Int4Linear` with ``scale = d`` and ``zero = m + 8 d``, with no
-    float32 copy of them on the way. Everything else (the Q8_0 embedding, which is also the
-    output layer, and the norms) is decoded and kept in bfloat16, the dtype the model computes in.
-
-    Exact up to bf16: the 4-bit integers are the file's; the scales and zeros are rounded from
-    float16 (``d``, ``m``) to bfloat16, as the kernel takes them.
-    """
-    from ..smollm2.gguf import RawTensor, config_from_gguf, read_state_dict, unpermute
-
-    config = config_from_gguf(reader, path)
-    state = read_state_dict(reader, config, path, raw=frozenset({"Q4_1"}))
-    with torch.device("meta"):                                             # the layout only: no weights yet
-        model = Decoder(config)
-    for parent, name, linear in _linears(model):
-        key = next(k for k, v in model.named_modules() if v is linear) + ".weight"
-        tensor = state.pop(key)
-        if not isinstance(tensor, RawTensor):
-            raise ValueError(f"{key} is not stored as Q4_1 in {path}; load the model with quantized=False")
-        q, scale, zero = q4_1_as_int4_groups(tensor.data, tensor.shape)
-        if tensor.permuted_heads:                                          # llama.cpp's row order for q and k
-            q, scale, zero = (unpermute(t, tensor.permuted_heads) for t in (q, scale, zero))
-        setattr(parent, name, Int4Linear(q, scale, zero, group_size=32))
-    model.load_state_dict({k: v.to(COMPUTE_DTYPE) for k, v in state.items()}, strict=False, assign=True)
-    model.rope = RotaryEmbedding(config.head_dim, config.max_seq_len, config.rope_theta)
-    missing = [n for n, p in model.named_parameters() if p.is_meta] + [n for n, b in model.named_buffers() if b.is_meta]
-    if missing:
-        raise ValueError(f"{path}: no tensor for {missing[0]} (and {len(missing) - 1} more)")
-    return model.to(COMPUTE_DTYPE).eval()

@@ -1,13 +1,22 @@
-"""Serving many sequences at once: batched generation and a scheduler.
+"""Serving many sequences at once: batched generation, and a small serving engine.
 
-- :mod:`.batch`: :func:`generate_batch`, prompts of any lengths in one left-padded batch;
-- :mod:`.scheduler`: :func:`serve`, a stream of :class:`Request` served with static or
-  continuous batching and chunked prefill, measured on the real model.
+- :mod:`.batch`: :func:`generate_batch`, prompts of any lengths in one batch (the loop of
+  :func:`kvlib.generate`, with one row per prompt);
+- the engine, after nano-vllm: :mod:`.sequence` (a request being served), :mod:`.blocks`
+  (the KV pool's blocks: free list, reference counts, prefix caching), :mod:`.plan` (the
+  scheduler: what each step runs), :mod:`.runner` (one forward pass per step over the paged
+  pool), :mod:`.engine` (:class:`Engine` and :func:`serve`, which tie them together) and
+  :mod:`.report` (:class:`Request` in, :class:`ServeReport` out).
 """
 from __future__ import annotations
 
-from .batch import BatchGeneration, BatchStepRecord, check_prompts, generate_batch
-from .scheduler import POLICIES, Request, ServeReport, SlotStep, serve
+from .batch import generate_batch
+from .blocks import BlockManager, block_keys
+from .engine import Engine, check_requests, serve
+from .plan import POLICIES, Scheduler, StepPlan
+from .report import Request, ServeReport, ServeStep
+from .runner import ModelRunner, PagedKV
+from .sequence import Sequence, Status
 
-__all__ = ["generate_batch", "BatchGeneration", "BatchStepRecord", "check_prompts", "Request", "ServeReport",
-           "SlotStep", "serve", "POLICIES"]
+__all__ = ["generate_batch", "Engine", "serve", "Request", "ServeReport", "ServeStep", "POLICIES", "BlockManager",
+           "block_keys", "Scheduler", "StepPlan", "ModelRunner", "PagedKV", "Sequence", "Status", "check_requests"]

@@ -13,11 +13,12 @@ import torch
 
 from ..model import Decoder
 from .gguf import config_from_gguf, load_gguf_decoder, open_gguf
+from .quantized import load_q4_1_decoder
 from .tokenizer import Tokenizer
 from .weights import ModelFileError, smollm2_path
 
 __all__ = ["load_smollm2", "smollm2_path", "ModelFileError", "Tokenizer", "open_gguf", "load_gguf_decoder",
-           "config_from_gguf"]
+           "load_q4_1_decoder", "config_from_gguf"]
 
 
 def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32,
@@ -28,14 +29,13 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = 
     The weights come from the GGUF file found (or fetched once, if ``download``) by
     :func:`kvlib.smollm2_path`. By default they are dequantized to float32, then cast to
     ``dtype`` and moved to ``device``. With ``quantized=True`` the file's 4-bit (Q4_1) layers
-    stay 4-bit (:func:`kvlib.quant.load_q4_1_decoder`) and the model computes in bfloat16;
+    stay 4-bit (:func:`kvlib.smollm2.load_q4_1_decoder`) and the model computes in bfloat16;
     ``dtype`` is then ignored. The file is parsed once for both model and tokenizer. Raises
     :class:`kvlib.ModelFileError` if the file is missing or damaged.
     """
     file = smollm2_path(path, download=download)
     reader = open_gguf(file)
     if quantized:
-        from ..quant.model import load_q4_1_decoder
         model = load_q4_1_decoder(reader, file).to(device=device)
     else:
         model = load_gguf_decoder(reader, path=file, dtype=dtype, device=device)

@@ -14,7 +14,6 @@ rotate the pairs ``(i, i + head_dim/2)`` (rotate-half). :func:`unpermute` undoes
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,25 +268,6 @@ def read_state_dict(reader: GGUFReader, config: Config, path: str | os.PathLike 
     return state
 
 
-@contextlib.contextmanager
-def no_random_init():
-    """Turn ``torch.nn.init``'s random initialisers into no-ops for a moment (as ``transformers`` does).
-
-    Drawing every parameter at random only to throw it away at once is slow for a real model;
-    the parameters are left uninitialised instead and every one is then replaced by
-    ``load_state_dict(strict=True)``.
-    """
-    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_", "xavier_normal_")
-    saved = {name: getattr(torch.nn.init, name) for name in names}
-    try:
-        for name in names:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
-
-
 def load_gguf_decoder(path_or_reader: str | os.PathLike | GGUFReader, *, dtype: torch.dtype = torch.float32,
                       device: torch.device | str | None = None, path: str | os.PathLike | None = None) -> Decoder:
     """A :class:`kvlib.Decoder` holding the weights of a llama GGUF file, in eval mode.
@@ -302,7 +282,6 @@ def load_gguf_decoder(path_or_reader: str | os.PathLike | GGUFReader, *, dtype: 
         reader = open_gguf(path)
     config = config_from_gguf(reader, path)
     state = read_state_dict(reader, config, path)
-    with no_random_init():
-        model = Decoder(config)
+    model = Decoder.empty(config)
     model.load_state_dict(state, strict=True, assign=True)   # strict: every parameter gets a file tensor
     return model.to(device=device, dtype=dtype).eval()

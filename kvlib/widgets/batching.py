@@ -1,5 +1,5 @@
 """The batching section's widgets and pictures: throughput against the batch size (a slider),
-and the timeline of a server's slots (a picture, and a toggle between policies).
+and the timeline of the serving engine's steps (a picture, and a toggle between policies).
 
 Both widgets draw every view in advance and link their controls to them in the browser
 (:mod:`kvlib.widgets.html`), so they work in the published book with no kernel running.
@@ -11,14 +11,14 @@ from typing import Mapping, Sequence
 
 from ..measure.experiments import BatchPoint
 from ..measure.timing import fmt_seconds
-from ..serve.scheduler import ServeReport
+from ..serve.report import ServeReport
 from .html import BUILT_HERE, CACHED, UNCACHED, html_table, slider_stack, widget_box
 
-__all__ = ["WORK_COLOURS", "render_batch_view", "batch_size_widget", "timeline_svg", "timeline_widget",
+__all__ = ["WORK_COLOURS", "render_batch_view", "batch_size_widget", "lanes", "timeline_svg", "timeline_widget",
            "plot_timeline"]
 
-# What a slot did in a step (colour-blind safe, after ColorBrewer Dark2 and greys)
-WORK_COLOURS = {"prefill": "#7570b3", "decode": CACHED, "waiting": "#e6ab02", "done": UNCACHED, "idle": "#dddddd"}
+# What a request did in a step (colour-blind safe, after ColorBrewer Dark2 and greys)
+WORK_COLOURS = {"prefill": "#7570b3", "decode": CACHED, "waiting": "#e6ab02", "preempted": UNCACHED, "idle": "#dddddd"}
 
 
 def _curve_svg(points: Sequence[BatchPoint], chosen: int, width: int = 460, height: int = 200) -> str:
@@ -83,38 +83,60 @@ def batch_size_widget(points: Sequence[BatchPoint], *, start: int = 0, interval:
     return box
 
 
+def lanes(report: ServeReport) -> list[list[tuple[str, int | None]]]:
+    """What each place of the batch did at each step, for drawing: ``[step][lane] = (work, request)``.
+
+    The engine has no slots: it runs whichever requests are running. For a picture, each request
+    gets the lowest free *lane* when it starts running and keeps it until it finishes or is
+    preempted. ``work`` is ``"prefill"`` or ``"decode"`` (it ran in this step's forward pass),
+    ``"waiting"`` (running, but this step's prefill budget was spent), ``"preempted"`` (its blocks
+    were taken back in this step) or ``"idle"`` (no request).
+    """
+    held: list[int | None] = [None] * report.max_batch
+    out = []
+    for step in report.timeline:
+        did = {i: kind for i, kind, _ in step.work}
+        for i in step.preempted:
+            did[i] = "preempted"
+        for i in list(did) + step.running:                     # newcomers take the lowest free lanes
+            if i not in held:
+                held[held.index(None)] = i
+        out.append([("idle", None) if i is None else (did.get(i, "waiting"), i) for i in held])
+        held = [i if i in step.running else None for i in held]
+    return out
+
+
 def timeline_svg(report: ServeReport, width: int = 640, row_px: int = 18, until: float | None = None) -> str:
-    """The slots of ``report`` over time: one row per slot, one box per step as wide as the step
-    took, coloured by what the slot did, with the request it held written in."""
+    """The running requests of ``report`` over time: one row per lane of the batch (:func:`lanes`),
+    one box per step as wide as the step took, coloured by what its request did, with the request
+    written in where it starts; below, the blocks of the pool in use after each step."""
     end = until or max(s.start + s.seconds for s in report.timeline)
     left, top = 52, 16
     scale = (width - left - 8) / end
     height = top + row_px * report.max_batch + 30
     parts = [f'<svg width="{width}" height="{height}" style="font-family:sans-serif;font-size:10px">']
-    for slot in range(report.max_batch):
-        y = top + slot * row_px
-        parts.append(f'<text x="{left - 6}" y="{y + row_px - 5}" text-anchor="end">slot {slot}</text>')
-    for step in report.timeline:
+    for lane in range(report.max_batch):
+        y = top + lane * row_px
+        parts.append(f'<text x="{left - 6}" y="{y + row_px - 5}" text-anchor="end">lane {lane}</text>')
+    previous: list[int | None] = [None] * report.max_batch
+    for step, row in zip(report.timeline, lanes(report)):
         x, w = left + step.start * scale, max(step.seconds * scale, 0.6)
-        for slot, (work, request) in enumerate(zip(step.work, step.request)):
-            y = top + slot * row_px
+        for lane, (work, request) in enumerate(row):
+            y = top + lane * row_px
             parts.append(f'<rect x="{x:.2f}" y="{y + 1}" width="{w:.2f}" height="{row_px - 2}" '
                          f'fill="{WORK_COLOURS[work]}"/>')
-    for slot in range(report.max_batch):                   # label each request once, where it starts
-        seen = None
-        for step in report.timeline:
-            request = step.request[slot]
-            if request is not None and request != seen:
-                x, y = left + step.start * scale, top + slot * row_px
+            if request is not None and request != previous[lane]:
                 parts.append(f'<text x="{x + 2:.1f}" y="{y + row_px - 5}" fill="#fff">{request}</text>')
-            seen = request
+        previous = [request for _, request in row]
     legend_y = top + row_px * report.max_batch + 16
     x = left
     for work, colour in WORK_COLOURS.items():
         parts.append(f'<rect x="{x}" y="{legend_y - 9}" width="10" height="10" fill="{colour}"/>'
                      f'<text x="{x + 13}" y="{legend_y}">{work}</text>')
         x += 75
-    parts.append(f'<text x="{width - 8}" y="{legend_y}" text-anchor="end">{fmt_seconds(end)}</text>')
+    peak = max(s.blocks_used for s in report.timeline)
+    parts.append(f'<text x="{width - 8}" y="{legend_y}" text-anchor="end">{fmt_seconds(end)}, '
+                 f'at most {peak} blocks</text>')
     return "".join(parts) + "</svg>"
 
 
@@ -132,7 +154,8 @@ def timeline_widget(reports: Mapping[str, ServeReport]):
                 ["time to first token, median", fmt_seconds(r.percentile(r.ttft, 50))],
                 ["time between tokens, median / 90th percentile",
                  f"{fmt_seconds(r.percentile(r.inter_token, 50))} / {fmt_seconds(r.percentile(r.inter_token, 90))}"],
-                ["slot-steps that did useful work", f"{r.useful_row_steps / r.row_steps:.0%}"]]
+                ["forward passes", f"{r.steps:,}"],
+                ["share of the batch's places that did work", f"{r.useful_row_steps / r.row_steps:.0%}"]]
         views.append(widgets.HTML(f'<div style="font-family:sans-serif;font-size:12px">'
                                   f'<b>{html.escape(name)}</b> ({BUILT_HERE})<br>{timeline_svg(r, until=end)}'
                                   f'{html_table(rows, ["", ""])}</div>'))
@@ -144,23 +167,32 @@ def timeline_widget(reports: Mapping[str, ServeReport]):
     return box
 
 
-def plot_timeline(reports: Mapping[str, ServeReport], ax=None):
-    """The slot timelines of several runs, one panel each on one time axis (matplotlib)."""
+def plot_timeline(reports: Mapping[str, ServeReport], ax=None, *, blocks: bool = False):
+    """The lanes of several runs (:func:`lanes`), one panel each on one time axis (matplotlib); with
+    ``blocks=True`` a last panel shows the blocks of the pool in use after each step."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     names = list(reports)
     if ax is None:
-        _, ax = plt.subplots(len(names), 1, figsize=(8, 1.0 + 0.45 * sum(r.max_batch for r in reports.values())),
-                             layout="constrained", sharex=True, squeeze=False)
+        heights = [r.max_batch for r in reports.values()] + ([3] if blocks else [])
+        _, ax = plt.subplots(len(heights), 1, figsize=(8, 1.0 + 0.45 * sum(heights)), layout="constrained",
+                             sharex=True, squeeze=False, height_ratios=heights)
         ax = ax[:, 0]
     for a, name in zip(ax, names):
         r = reports[name]
-        for step in r.timeline:
-            for slot, work in enumerate(step.work):
-                a.barh(slot, step.seconds, left=step.start, height=0.85, color=WORK_COLOURS[work], linewidth=0)
-        a.set(yticks=range(r.max_batch), yticklabels=[f"slot {s}" for s in range(r.max_batch)], title=name)
+        for step, row in zip(r.timeline, lanes(r)):
+            for lane, (work, _) in enumerate(row):
+                a.barh(lane, step.seconds, left=step.start, height=0.85, color=WORK_COLOURS[work], linewidth=0)
+        a.set(yticks=range(r.max_batch), yticklabels=[f"lane {s}" for s in range(r.max_batch)], title=name)
         a.invert_yaxis()
+    if blocks:
+        for name in names:
+            r = reports[name]
+            ax[-1].step([s.start + s.seconds for s in r.timeline], [s.blocks_used for s in r.timeline], where="post",
+                        label=name)
+        ax[-1].set(ylabel="blocks in use")
+        ax[-1].legend(fontsize=7)
     ax[-1].set_xlabel("seconds since the first request arrived")
     ax[0].legend(handles=[Patch(color=c, label=w) for w, c in WORK_COLOURS.items()], fontsize=7, ncol=5,
                  loc="lower right", bbox_to_anchor=(1, 1.15))

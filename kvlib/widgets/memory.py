@@ -119,14 +119,36 @@ def memory_calculator_widget(shapes: Mapping | None = None, *, contexts: Sequenc
     if not shapes or not contexts or not batches or not dtypes:
         raise ValueError("the calculator needs at least one model, context, batch size and dtype")
     names = list(shapes)
-    start = start or (names[0], contexts[0], batches[0], dtypes[0][0])
+    i0 = _start_indices(start or (names[0], contexts[0], batches[0], dtypes[0][0]), names, contexts, batches, dtypes)
+    model_dd, context_sl, batch_tb, dtype_tb = _calculator_controls(widgets, names, contexts, batches, dtypes, i0)
+    # Nesting order: the slider drives the outermost Stack (one link), then batch, dtype, model.
+    levels = [(context_sl, contexts, i0[1]), (batch_tb, batches, i0[2]),
+              (dtype_tb, [d for d, _ in dtypes], i0[3]), (model_dd, names, i0[0])]
+    top, views, links = _view_stacks(widgets, levels, shapes, dict(dtypes))
+    box = widget_box([model_dd, context_sl, _labelled(widgets, "batch size", batch_tb),
+                      _labelled(widgets, "cache dtype", dtype_tb), top],
+                     f"memory_calculator_widget({len(names)} models × {len(contexts)} contexts × "
+                     f"{len(batches)} batch sizes × {len(dtypes)} dtypes = {len(views)} views)", links)
+    box.stack, box.views = top, views
+    box.model, box.context, box.batch, box.dtype = model_dd, context_sl, batch_tb, dtype_tb
+    return box
+
+
+def _start_indices(start: tuple[str, int, int, str], names: list[str], contexts: list[int], batches: list[int],
+                   dtypes: list[tuple[str, torch.dtype | int]]) -> tuple[int, int, int, int]:
+    """Where ``start`` (model, context, batch, dtype name) lies in each list of choices; a
+    ``ValueError`` when it is not among them."""
     try:
-        i0 = (names.index(start[0]), contexts.index(start[1]), batches.index(start[2]),
-              [d for d, _ in dtypes].index(start[3]))
+        return (names.index(start[0]), contexts.index(start[1]), batches.index(start[2]),
+                [d for d, _ in dtypes].index(start[3]))
     except ValueError:
         raise ValueError(f"start={start!r} is not one of the calculator's choices") from None
 
-    row = widgets.Layout(width="auto")
+
+def _calculator_controls(widgets, names: list[str], contexts: list[int], batches: list[int],
+                         dtypes: list[tuple[str, torch.dtype | int]], i0: tuple[int, int, int, int]) -> tuple:
+    """The model dropdown, context slider, batch and dtype buttons, each set to its index in ``i0``
+    (model, context, batch, dtype); each control's value is the index of its choice."""
     label = {"description_width": "90px"}
     model_dd = widgets.Dropdown(options=[(n, i) for i, n in enumerate(names)], index=i0[0], description="model",
                                 style=label, layout=widgets.Layout(width="320px"))
@@ -137,17 +159,23 @@ def memory_calculator_widget(shapes: Mapping | None = None, *, contexts: Sequenc
                                      style={"button_width": "60px"})
     dtype_tb = widgets.ToggleButtons(options=[(d, i) for i, (d, _) in enumerate(dtypes)], index=i0[3],
                                      style={"button_width": "150px"})
+    return model_dd, context_sl, batch_tb, dtype_tb
 
-    def labelled(text, control):        # a label in line with the buttons, aligned like the descriptions
-        return widgets.HBox([widgets.HTML(f'<div style="text-align:right;padding-right:8px">{text}</div>',
-                                          layout=widgets.Layout(width="98px")), control])
+
+def _labelled(widgets, text: str, control):
+    """``control`` after a label in line with it, aligned like the other controls' descriptions."""
+    return widgets.HBox([widgets.HTML(f'<div style="text-align:right;padding-right:8px">{text}</div>',
+                                      layout=widgets.Layout(width="98px")), control])
+
+
+def _view_stacks(widgets, levels: list[tuple], shapes: Mapping, dtype_of: Mapping) -> tuple:
+    """Every view, in ``Stack`` widgets nested in the order of ``levels`` ((control, values, selected
+    index) each, outermost first), each stack ``jslink``-ed to its control. Returns the outermost
+    stack, the views by (model, context, batch, dtype name), and the links."""
+    row = widgets.Layout(width="auto")
     links = []
     leaf_layout, leaf_style = widgets.Layout(), widgets.widget_string.HTMLStyle()   # shared by every view: a smaller page
     views: dict[tuple[str, int, int, str], object] = {}
-    # Nesting order: the slider drives the outermost Stack (one link), then batch, dtype, model.
-    levels = [(context_sl, contexts, i0[1]), (batch_tb, batches, i0[2]),
-              (dtype_tb, [d for d, _ in dtypes], i0[3]), (model_dd, names, i0[0])]
-    dtype_of = dict(dtypes)
 
     def build(depth: int, chosen: tuple):
         if depth == len(levels):
@@ -162,10 +190,4 @@ def memory_calculator_widget(shapes: Mapping | None = None, *, contexts: Sequenc
         links.append(widgets.jslink((control, "index"), (stack, "selected_index")))
         return stack
 
-    top = build(0, ())
-    box = widget_box([model_dd, context_sl, labelled("batch size", batch_tb), labelled("cache dtype", dtype_tb), top],
-                     f"memory_calculator_widget({len(names)} models × {len(contexts)} contexts × "
-                     f"{len(batches)} batch sizes × {len(dtypes)} dtypes = {len(views)} views)", links)
-    box.stack, box.views = top, views
-    box.model, box.context, box.batch, box.dtype = model_dd, context_sl, batch_tb, dtype_tb
-    return box
+    return build(0, ()), views, links
