@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / "kvlib"
 MODULES = sorted(p for p in ROOT.rglob("*.py"))
 # The decoder a learner reads, and what it stands on: never imports measuring, widgets or exercises.
 LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
-          "clock.py", "cache"]
+          "clock.py", "device.py", "cache"]
 APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
 
 

@@ -197,7 +197,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     say("measuring memory bandwidth ...")
     bandwidth = memory_bandwidth()
     say("loading the model (kvlib, then transformers) ...")
-    model, tok = load_smollm2()
+    model, tok = load_smollm2(device="cpu")            # a CPU benchmark: beside llama.cpp and transformers on the CPU
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -234,7 +234,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
 
         others = {"bfloat16": lambda: copy.deepcopy(model).to(torch.bfloat16),
                   "int8": lambda: quantize(model, "int8"),
-                  "native 4-bit": lambda: load_smollm2(quantized=True)[0],
+                  "native 4-bit": lambda: load_smollm2(quantized=True, device="cpu")[0],
                   FAST: lambda: fuse(held["native 4-bit"], int8_output_layer=True)}
         for name, build in others.items():
             say(f"timing kvlib, with cache, {name} ({repeats} runs), and its weight-read floor ...")
