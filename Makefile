@@ -14,7 +14,11 @@ NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 CHROMIUM ?= /usr/bin/chromium
 export CHROMIUM
 
-.PHONY: setup model book book-static test test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
+# The tests compare stored outputs computed on a CPU, so they run there even on a machine with a
+# GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
+test test-nbval test-portable portable-% test-student test-student-portable student-half-1 student-half-2: export KVLIB_DEVICE = cpu
+
+.PHONY: setup model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
 ## setup: create .venv and install the pinned requirements plus kvlib itself (once).
 setup: $(STAMP)
@@ -42,23 +46,34 @@ book-static: setup
 	$(PY) book/assets.py _build/_config.static.yml --static
 	$(JB) build . --config _build/_config.static.yml $(JB_FLAGS)
 
-## test: every test: kvlib unit and property tests, the real-model and oracle tests,
-## nbval strict on every notebook (as this machine runs it, and as other CPUs' matrix
-## kernels round), the student edition, and a warning-free book build in Chromium.
-## After nbval, the notebook runs that remain go side by side, one thread each (so another
-## thread count than this machine's is tried too): the notebooks with MKL_CBWR=COMPATIBLE
-## (a plain SSE2 machine's rounding) in two halves, and the student edition with
-## MKL_CBWR=AVX2 (an AVX2-only machine's), which compares every cell but the solutions
-## (those the default and the COMPATIBLE runs compare). `make test-portable` runs both
-## roundings on every notebook in full. The browser tests come last, alone (a browser
-## starved of CPU by the notebooks times out).
+## test: every test, in four phases, each timed (the table at the end):
+##  1. pytest: kvlib's unit and property tests, the real-model and oracle tests, the book's helpers;
+##  2. nbval strict on every notebook, as this machine runs it (its threads, its CPU's rounding);
+##  3. the student edition: written, its name flow checked (every cell outside the solutions
+##     still runs with the stubs in place), then nbval on it in two halves side by side, one
+##     thread each, with other CPUs' matrix kernels (MKL_CBWR=COMPATIBLE: a plain SSE2 machine's
+##     rounding; MKL_CBWR=AVX2: an AVX2-only machine's): so every stored output outside the
+##     solutions is compared a second time, on another thread count and another rounding (the
+##     solutions' outputs are compared in phase 2); then its book, scanned for solution text;
+##  4. the book built from the stored outputs, every page checked in Chromium (alone: a browser
+##     starved of CPU by notebooks times out).
+## `make test-portable` runs both roundings on every notebook in full.
+PHASES := _build/test-phases.tsv
+# $(call phase,NAME,COMMAND): run COMMAND; on success append "NAME<tab>seconds" to $(PHASES)
+phase = start=$$(date +%s); $(2) || exit $$?; printf '%s\t%s\n' "$(1)" $$(( $$(date +%s) - start )) >> $(PHASES)
+
 test: setup model
-	$(PY) -m pytest
-	$(MAKE) --no-print-directory test-nbval
-	@echo "Side by side, one thread each: nbval with other CPUs' rounding, and the student edition"
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 3 --output-sync=target \
-	  portable-COMPATIBLE-odd portable-COMPATIBLE-even student-and-test STUDENT_CBWR=AVX2
-	$(MAKE) --no-print-directory test-browser
+	@mkdir -p _build && : > $(PHASES)
+	@$(call phase,1 pytest,$(PY) -m pytest)
+	@$(call phase,2 nbval on every notebook,$(MAKE) --no-print-directory test-nbval)
+	@$(call phase,3 student edition: flow + nbval (other roundings) + book,$(MAKE) --no-print-directory test-student-portable)
+	@$(call phase,4 book in Chromium,$(MAKE) --no-print-directory test-browser)
+	@$(MAKE) --no-print-directory test-times
+
+## test-times: the wall time of each phase of the last `make test`.
+test-times:
+	@awk -F'\t' '{ printf "  %-60s %3d min %02d s\n", $$1, $$2 / 60, $$2 % 60; t += $$2 } \
+	  END { printf "  %-60s %3d min %02d s\n", "make test, in all", t / 60, t % 60 }' $(PHASES)
 
 ## test-browser: build the book (book-static), then check every page in Chromium, offline
 ## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden).
@@ -102,17 +117,6 @@ portable-%: setup model
 	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s)"
 	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS)
 
-# The same, on every other notebook (1st, 3rd, ...; 2nd, 4th, ...): two halves of about
-# the same length, to run side by side.
-NOTEBOOKS_ODD := $(shell printf '%s\n' $(NOTEBOOKS) | awk 'NR % 2 == 1')
-NOTEBOOKS_EVEN := $(shell printf '%s\n' $(NOTEBOOKS) | awk 'NR % 2 == 0')
-portable-%-odd: setup model
-	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(NOTEBOOKS_ODD))"
-	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS_ODD)
-portable-%-even: setup model
-	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(NOTEBOOKS_EVEN))"
-	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS_EVEN)
-
 ## peer: (optional) llama.cpp as the benchmark's peer: builds llama-cpp-python from its PyPI
 ## sdist with the CPU's own instructions (GGML_NATIVE). It needs cmake and a C++ compiler and
 ## takes a few minutes once; pip keeps the built wheel. make book and make test do not need it.
@@ -142,27 +146,39 @@ notebooks: setup model
 clean:
 	rm -rf _build
 
-# --- the student edition (scripts/student_edition.py; see chapters/instructors.md) ---
-.PHONY: student test-student student-and-test
+# --- the student edition (python -m book.student_edition; see chapters/instructors.md) ---
+.PHONY: student test-student test-student-portable student-half-1 student-half-2 student-book
 
 ## student: write the student edition into student/ (solution cells replaced by their stubs,
 ## solution blocks removed), build it into student/_build/html (stored outputs, no execution)
 ## and check that no line of any solution reached it.
 student: setup
-	$(PY) scripts/student_edition.py --out student
-	$(JB) build student $(JB_FLAGS)
-	$(PY) scripts/student_edition.py --out student --leaks
-	@echo "Student edition: $(CURDIR)/student/ (book: file://$(CURDIR)/student/_build/html/index.html)"
+	$(PY) -m book.student_edition --out student
+	$(MAKE) --no-print-directory student-book
 
-## student-and-test: the student edition (make student), then nbval on it (make test-student),
-## after the book's build has fetched the offline assets the student book serves too.
-student-and-test: book-static
-	$(MAKE) --no-print-directory student
-	$(MAKE) --no-print-directory test-student
+student-book: setup
+	$(PY) book/assets.py _build/_config.static.yml --static
+	$(JB) build student $(JB_FLAGS)
+	$(PY) -m book.student_edition --out student --leaks
+	@echo "Student edition: $(CURDIR)/student/ (book: file://$(CURDIR)/student/_build/html/index.html)"
 
 ## test-student: nbval on the student edition's notebooks (the stubs' checks, and the cells
 ## that use a stub, are tagged raises-exception; every other cell is compared as in test-nbval).
-## (STUDENT_CBWR=AVX2: with MKL_CBWR=AVX2, another machine's rounding, as make test runs it.)
 test-student: setup model
-	$(PY) scripts/student_edition.py --out student --quiet
-	$(if $(STUDENT_CBWR),MKL_CBWR=$(STUDENT_CBWR) )$(PY) $(NBVAL) student/chapters/*.ipynb
+	$(PY) -m book.student_edition --out student --quiet --check-flow
+	$(PY) $(NBVAL) student/chapters/*.ipynb
+
+## test-student-portable: phase 3 of make test (see there). The halves have about the same
+## stored run time (book/runtimes.py).
+STUDENT_HALF = $(patsubst chapters/%,student/chapters/%,$(shell $(PYTHON) book/runtimes.py --half $(1) $(NOTEBOOKS)))
+test-student-portable: setup model
+	$(PY) -m book.student_edition --out student --quiet --check-flow
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target student-half-1 student-half-2
+	$(MAKE) --no-print-directory student-book
+
+student-half-1: setup model
+	@echo "student edition, MKL_CBWR=COMPATIBLE, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(call STUDENT_HALF,1))"
+	MKL_CBWR=COMPATIBLE $(PY) $(NBVAL) -q $(call STUDENT_HALF,1)
+student-half-2: setup model
+	@echo "student edition, MKL_CBWR=AVX2, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(call STUDENT_HALF,2))"
+	MKL_CBWR=AVX2 $(PY) $(NBVAL) -q $(call STUDENT_HALF,2)

@@ -54,6 +54,37 @@ def runtimes(chapters: Path) -> dict[str, str]:
     return found
 
 
+COLD_COMPILE_SECONDS = 120.0    # torch.compile's first compile in a run of its own (another thread count, a new machine)
+
+
+def compiles(path: Path) -> bool:
+    """Whether a code cell of the notebook at ``path`` compiles with torch.compile."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return any("compile=True" in "".join(c["source"]) or "compare_compiled(" in "".join(c["source"])
+               for c in cells if c["cell_type"] == "code")
+
+
+def halves(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Split notebooks into two lists of about the same run time (longest first, each to the
+    lighter list), for two runs side by side: the stored run time, plus a first compile for a
+    notebook that compiles (the stored run reused its compiled code; the runs side by side, on
+    another thread count, compile afresh). A notebook without stored times counts 60 s."""
+    def seconds(path: Path) -> float:
+        try:
+            stored = notebook_seconds(path)
+        except (ValueError, KeyError):
+            stored = 60.0
+        return stored + (COLD_COMPILE_SECONDS if compiles(path) else 0.0)
+
+    bins: tuple[list[Path], list[Path]] = ([], [])
+    load = [0.0, 0.0]
+    for path in sorted(paths, key=seconds, reverse=True):
+        lighter = 0 if load[0] <= load[1] else 1
+        bins[lighter].append(path)
+        load[lighter] += seconds(path)
+    return sorted(bins[0]), sorted(bins[1])
+
+
 def _add_substitutions(app, config) -> None:
     chapters = Path(app.srcdir) / "chapters"
     config.myst_substitutions = {**(config.myst_substitutions or {}), **runtimes(chapters)}
@@ -62,3 +93,10 @@ def _add_substitutions(app, config) -> None:
 def setup(app):
     app.connect("config-inited", _add_substitutions)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":      # python3 book/runtimes.py --half 1|2 NOTEBOOK...  (the Makefile's halves)
+    import sys
+
+    which, files = int(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
+    print(" ".join(str(p) for p in halves(files)[which - 1]))

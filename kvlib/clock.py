@@ -16,11 +16,13 @@ __all__ = ["sync", "Stopwatch"]
 def sync(device: torch.device | str | None = None) -> None:
     """Wait for queued GPU work so that a timer measures it (no-op on the CPU).
 
-    ``device=None`` waits for the current CUDA device when CUDA is available.
+    ``device=None`` waits for the current CUDA device when CUDA is available. An Apple GPU
+    (``"mps"``) is waited for too.
     """
-    if device is not None and torch.device(device).type != "cuda":
-        return
-    if torch.cuda.is_available():
+    kind = None if device is None else torch.device(device).type
+    if kind == "mps":
+        torch.mps.synchronize()
+    elif kind in (None, "cuda") and torch.cuda.is_available():
         torch.cuda.synchronize(device)
 
 

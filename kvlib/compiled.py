@@ -21,6 +21,29 @@ import torch
 from .cache.base import KVCache
 
 
+def compiler_missing(device: torch.device | str = "cpu") -> str | None:
+    """Why ``torch.compile`` cannot build code for ``device`` here, or ``None`` when it can.
+
+    On a CPU it needs a C++ compiler (gcc or clang; on Windows, MSVC's ``cl``): Windows and a
+    Mac without the command-line tools have none by default. On a GPU it needs Triton. Only
+    looks; compiles nothing.
+    """
+    if torch.device(device).type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "torch.compile needs Triton on a GPU, and it is not installed (pip install triton)"
+        return None
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
+    except Exception as err:      # torch raises several kinds here: any of them means "no compiler"
+        return (f"torch.compile needs a C++ compiler on the CPU and found none ({type(err).__name__}). "
+                "Install gcc or clang (Debian/Ubuntu: apt install g++; macOS: xcode-select --install; "
+                "Windows: the Visual Studio Build Tools), or decode without compile=True")
+    return None
+
+
 def _compile_errors() -> tuple[type[BaseException], ...]:
     """The exceptions torch.compile raises when it cannot build the code (not errors of the model)."""
     from torch._dynamo.exc import BackendCompilerFailed
@@ -82,5 +105,8 @@ def compiled_decode_step(model: torch.nn.Module) -> CompiledDecodeStep:
     """
     step = model.__dict__.get("_compiled_decode_step")
     if step is None:
+        missing = compiler_missing(model.device)
+        if missing:
+            raise RuntimeError(missing)
         step = model.__dict__["_compiled_decode_step"] = CompiledDecodeStep(model)
     return step

@@ -48,3 +48,21 @@ def test_every_runtime_the_landing_page_names_is_computed():
     sections = {f"runtime_{p.name[:2]}" for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")}
     assert wanted == sections == set(found)
     assert all(re.fullmatch(r"\d+ s|\d+ min \d+ s", v) for v in found.values())
+
+
+def test_the_halves_split_the_notebooks_and_weigh_a_first_compile(tmp_path):
+    """make test's runs side by side: two halves of about the same run time; a notebook that
+    compiles counts its first compile, which the stored run did not pay."""
+    def notebook(name, seconds, source="x = 1"):
+        end = f"2026-11-29T15:16:{27 + seconds:02d}.000000Z" if seconds < 30 else "2026-11-29T15:16:57.000000Z"
+        cell = _code("2026-11-29T15:16:27.000000Z", end) | {"source": [source]}
+        path = tmp_path / name
+        path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        return path
+
+    compiling = notebook("05_x.ipynb", 20, "generate(model, ids, 4, compile=True)")
+    others = [notebook(f"0{i}_x.ipynb", 25) for i in (1, 2, 3)]
+    first, second = runtimes.halves([compiling, *others])
+    assert runtimes.compiles(compiling) and not runtimes.compiles(others[0])
+    assert first == [compiling] and second == sorted(others)          # 20 s + a compile outweighs 3 × 25 s
+    assert sorted(first + second) == sorted([compiling, *others])

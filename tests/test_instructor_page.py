@@ -7,20 +7,16 @@ minutes, how its check grades, and a mistake its check names.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from book import student_edition as se
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "chapters" / "instructors.md"
-_spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
-se = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("student_edition", se)
-_spec.loader.exec_module(se)
 
 EXERCISES = se.book_exercises(ROOT)
 NOTEBOOKS = se.notebooks_in_order(ROOT)

@@ -1,27 +1,23 @@
-"""The student edition (scripts/student_edition.py) holds no solution, and everything else.
+"""The student edition (book/student_edition/) holds no solution, and everything else.
 
 The edition is written into a temporary folder. The solutions are found here again, from the
-notebooks' tags and directives, with a parser of this file's own (not the script's), and
+notebooks' tags and directives, with a parser of this file's own (not the package's), and
 every non-trivial line of each one is searched for in every file written, as text.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
 
+from book import student_edition as se
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("student_edition", ROOT / "scripts" / "student_edition.py")
-se = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("student_edition", se)
-_spec.loader.exec_module(se)
 
 MIN_LEN = 12
 
@@ -459,3 +455,182 @@ def test_cells_that_use_a_solution_are_cleared_and_only_those():
         assert student.cells[i].outputs and student.cells[i].execution_count == 1
     for i in cleared:
         assert student.cells[i].outputs == [] and student.cells[i].execution_count is None
+
+
+# --- the flow check: every untagged cell runs with the stubs in place ---------------------------
+
+STUB_F = 'def f(v):\n    raise NotImplementedError("Exercise 1.1: write f")'
+
+
+def _code(src: str, *tags: str):
+    return nbformat.v4.new_code_cell(src, metadata={"tags": list(tags)} if tags else {})
+
+
+def _notebook(cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# One")] + cells
+    return nb
+
+
+def _problem_cells(problems: list[str]) -> list[int]:
+    return [int(re.search(r"cell (\d+) ", p).group(1)) for p in problems]
+
+
+@pytest.mark.parametrize("source_of_r", [
+    "from kvlib.exercises import check_f\nr = check_f(f)",     # bound by a check cell
+    "r = f(4)",                                                  # bound by a cell that used the stub's function
+])
+def test_an_untagged_cell_two_cells_deep_is_reported(source_of_r):
+    tags = ["check", "raises-exception"] if "check_f" in source_of_r else ["raises-exception"]
+    nb = _notebook([
+        _code("x = 4"),                                 # cell 1: runs
+        _code(STUB_F),                                  # cell 2: the stub: defining f runs, calling it raises
+        _code(source_of_r, *tags),                      # cell 3: raises, so r is bound by nothing that runs
+        _code("s = r + 1"),                             # cell 4: uses r
+        _code("t = [s * k for k in range(3)]"),         # cell 5: uses s, two cells deep
+        _code("print(x, [k for k in range(3)])"),       # cell 6: runs (k is the comprehension's own)
+        _code("t = 7\nprint(t)"),                       # cell 7: binds t afresh: runs
+    ])
+    problems = se.flow_problems(nb)
+    assert _problem_cells(problems) == [4, 5], problems
+    assert "uses `r`, bound only by cell 3, which raises with the stubs in place: tag it raises-exception" in problems[0]
+    assert "uses `s`, bound only by cell 4" in problems[1]
+    for i in (4, 5):                                   # tagged as the writer tags them: no problem left
+        nb.cells[i].metadata["tags"] = ["raises-exception"]
+    report = se.check_flow(nb)
+    assert report.problems == [] and report.warnings == []
+
+
+def test_a_call_of_a_stub_and_an_untagged_check_are_reported():
+    nb = _notebook([_code(STUB_F), _code("from kvlib.exercises import check_f\ncheck_f(f)", "check"),
+                    _code("print(f(2))"), _code("def g(v):\n    return f(v) + 1"),
+                    _code('raise NotImplementedError("Exercise 1.2: write h")')])
+    problems = se.flow_problems(nb)
+    assert _problem_cells(problems) == [2, 3, 4, 5], problems
+    assert "is a check cell" in problems[0]
+    assert "uses `f`, which cell 1 defines to raise when called" in problems[1]
+    assert "raises by itself" in problems[3]
+
+
+def test_a_tagged_cell_that_uses_nothing_tainted_is_only_a_warning():
+    nb = _notebook([_code("x = 4"), _code("print(x)", "raises-exception")])
+    report = se.check_flow(nb)
+    assert report.problems == []
+    assert len(report.warnings) == 1 and "cell 2 is tagged raises-exception" in report.warnings[0]
+
+
+def _source_book_notebook():
+    """A source notebook (solutions and stubs) whose dependent cells need the transitive flow."""
+    def solution(src, stub):
+        return nbformat.v4.new_code_cell(src, metadata={"tags": ["solution"], "stub": stub})
+    return _notebook([
+        _code("x = 1 / 0", "raises-exception"),         # 1: raises in the book too: binds nothing
+        _code("print(x)"),                              # 2: so this one raises
+        solution("def f(v):\n    return v", STUB_F),    # 3
+        _code("y = f(2)"),                              # 4: calls the stub
+        _code("y += 1"),                                # 5: reads y (an augmented assignment)
+        _code("print(y)"),                              # 6: two cells deep
+        solution("g = f(3)", "g = f(0)  # Exercise 1.2: replace f(0)"),   # 7: the stub itself calls f
+        _code("print(g)"),                              # 8
+        _code("print(1 + 1)"),                          # 9: runs
+    ])
+
+
+def test_the_writer_tags_by_the_same_transitive_flow():
+    student, report = se.student_notebook(_source_book_notebook())
+    tagged = [i for i, c in enumerate(student.cells) if "raises-exception" in c.metadata.get("tags", [])]
+    assert tagged == [1, 2, 4, 5, 6, 7, 8]
+    assert report.dependent == [2, 4, 5, 6, 8]
+    assert se.flow_problems(student) == []
+    assert student.cells[9].metadata.get("tags") is None
+
+
+def test_the_books_fresh_edition_has_no_flow_problems(edition):
+    out, _ = edition
+    report = se.check_flow(out)
+    assert report.notebooks == len(NOTEBOOKS) and report.cells > 100
+    assert report.problems == [], "\n".join(report.problems)
+    assert report.warnings == [], "\n".join(report.warnings)
+
+
+def _untag(out: Path, copy: Path, notebook: str, index: int) -> None:
+    shutil.copytree(out, copy)
+    nb = nbformat.read(copy / notebook, as_version=4)
+    tags = nb.cells[index].metadata["tags"]
+    assert "raises-exception" in tags
+    tags.remove("raises-exception")
+    nbformat.write(nb, copy / notebook)
+
+
+def test_a_broken_copy_of_the_edition_is_caught(edition, tmp_path):
+    out, reports = edition
+    notebook, report = next((name, r) for name, r in reports.items() if r.dependent)
+    index = report.dependent[0]
+    _untag(out, tmp_path / "dependent", notebook, index)
+    problems = se.flow_problems(tmp_path / "dependent")
+    assert problems and all(p.startswith(f"{notebook} cell ") for p in problems), problems
+    assert index in _problem_cells(problems)
+    # a check cell too
+    nb = nbformat.read(out / notebook, as_version=4)
+    check = next(i for i, c in enumerate(nb.cells) if "check" in c.metadata.get("tags", []))
+    _untag(out, tmp_path / "check", notebook, check)
+    assert any(f"cell {check} is a check cell" in p for p in se.flow_problems(tmp_path / "check"))
+
+
+def test_check_flow_on_the_command_line(tmp_path, capsys, monkeypatch):
+    root = _tiny_book(tmp_path, _exercise())
+    assert se.main(["--root", str(root), "--out", "student", "--check-flow", "--quiet"]) == 0   # writes, then checks
+    assert "✓ every cell not tagged raises-exception runs" in capsys.readouterr().out
+    path = root / "student" / "chapters" / "01_one.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[-1].metadata["tags"] = ["check"]                  # the check cell, untagged
+    nbformat.write(nb, path)
+    monkeypatch.setattr(se.cli, "write_edition", lambda *args, **kwargs: {})    # check the broken edition as it is
+    assert se.main(["--root", str(root), "--out", "student", "--check-flow"]) == 1
+    assert "✗ chapters/01_one.ipynb cell" in capsys.readouterr().out
+
+
+def test_names_a_cell_reads_and_binds():
+    src = ("import numpy as np\ntotal = 0\nfor i in range(n):\n    total += i\n"
+           "def g(a, *, b=default):\n    c = a + b + glob\n    return [c * k for k in ks]\n"
+           "class K(Base):\n    z = 1\n    w = z + 1\n    def m(self):\n        return z\n"
+           "acc += 1\ntry:\n    pass\nexcept ValueError as err:\n    print(err)\n")
+    # not the functions' parameters and locals, nor the comprehension's k, nor the class body's own z (its
+    # method's z is a global); i and err count, read by the statement that binds them (on the safe side)
+    assert se.used_names(src) == {"range", "n", "default", "glob", "ks", "Base", "z", "acc", "print", "ValueError",
+                                  "i", "err"}
+    assert se.bound_names(src) == {"np", "total", "i", "g", "K", "acc", "err"}
+    assert se.bound_names(src, imports=False) == se.bound_names(src) - {"np"}
+    assert se.immediate_reads(src) == {"range", "n", "default", "Base", "print", "ValueError"}
+    assert se.raising_functions(STUB_F + "\ndef h():\n    return 1") == {"f"}
+    magic = 'if "google.colab" in sys.modules:\n    %pip install kvlib\nx = 1'
+    assert se.bound_names(magic) == {"x"} and se.used_names(magic) == {"sys"}
+
+
+# --- the YAML files are read as YAML --------------------------------------------------------------
+
+def test_toc_and_config_are_read_with_a_yaml_library(tmp_path):
+    root = _tiny_book(tmp_path, _exercise())
+    # flow style, quoted keys and a comment: a line-by-line regex misreads all three
+    (root / "_toc.yml").write_text('{format: jb-book, "root": chapters/index,  # the landing page\n'
+                                   ' "chapters": [{file: "chapters/01_one.ipynb"}, {\'file\': chapters/instructors}]}\n')
+    config = (root / "_config.yml").read_text()
+    config = re.sub(r"(?m)^title:.*$", "title: 'It''s a book'", config)
+    (root / "_config.yml").write_text(config)
+    assert se.toc_entries(root) == ["chapters/index", "chapters/01_one", "chapters/instructors"]
+    assert [p.name for _, p in se.notebooks_in_order(root)] == ["01_one.ipynb"]
+    assert se.book_title(root) == "It's a book"
+    se.write_edition(root, root / "student", quiet=True)
+    toc = yaml.safe_load((root / "student" / "_toc.yml").read_text())
+    assert toc["root"] == "chapters/index" and toc["chapters"] == [{"file": "chapters/01_one.ipynb"}]
+    assert yaml.safe_load((root / "student" / "_config.yml").read_text())["title"] == "It's a book (student edition)"
+    assert "It's a book: student edition" in (root / "student" / "README.md").read_text()
+
+
+def test_a_toc_with_parts_and_sections_is_read_in_order(tmp_path):
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: intro\nparts:\n  - caption: One\n    chapters:\n    - file: a\n      sections:\n"
+        "      - file: a1.md\n  - caption: Two\n    chapters:\n    - file: chapters/instructors\n    - file: b\n")
+    assert se.toc_entries(tmp_path) == ["intro", "a", "a1", "chapters/instructors", "b"]
+    toc = yaml.safe_load(se.student_toc(tmp_path))
+    assert [c["file"] for c in toc["parts"][1]["chapters"]] == ["b"]

@@ -233,7 +233,7 @@ class _Run:
         self.say("measuring memory bandwidth ...")
         self.bandwidth = memory_bandwidth()
         self.say("loading the model (kvlib, then transformers) ...")
-        self.model, self.tok = load_smollm2()
+        self.model, self.tok = load_smollm2(device="cpu")   # a CPU benchmark, beside llama.cpp and transformers
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -279,7 +279,7 @@ class _Run:
 
         others = {"bfloat16": lambda: copy.deepcopy(self.model).to(torch.bfloat16),
                   "int8": lambda: quantize(self.model, "int8"),
-                  "native 4-bit": lambda: load_smollm2(quantized=True)[0],
+                  "native 4-bit": lambda: load_smollm2(quantized=True, device="cpu")[0],
                   FAST: lambda: fuse(self.held["native 4-bit"], int8_output_layer=True)}
         for name, build in others.items():
             self.say(f"timing kvlib, with cache, {name} ({self.repeats} runs), and its weight-read floor ...")

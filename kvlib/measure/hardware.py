@@ -1,47 +1,109 @@
 """What the machine can do: memory bandwidth, dense arithmetic, and how fast its matrix
 kernels read a model's weights (the weight-read floor); and a description of the machine
-to print beside any measurement."""
+to print beside any measurement.
+
+Each measurement runs on one device: the one it is given, else the model's, else
+:func:`kvlib.default_device` (a CUDA GPU when there is one). :func:`measured_on` names it
+for a report; the numbers themselves stay plain floats.
+"""
 from __future__ import annotations
 
+import copy
 import os
 import platform
+import statistics
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from .timing import median_seconds
+from ..clock import Stopwatch
+from ..device import check_device, default_device, describe_device
 
-__all__ = ["memory_bandwidth", "matmul_flops_per_second", "weight_read_floor", "machine_description"]
-
-
-def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second this machine reads from memory: median time to sum a buffer larger than any cache."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
-    return nbytes / median_seconds(x.sum, repeats=repeats, warmup=1)
+__all__ = ["memory_bandwidth", "matmul_flops_per_second", "weight_read_floor", "machine_description",
+           "measurement_device", "measured_on"]
 
 
-def matmul_flops_per_second(n: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """Floating-point operations per second of one dense ``(n, n) @ (n, n)`` product on this
-    machine, with the current thread count: the arithmetic a compute-bound step can hope for.
+def measurement_device(device: str | torch.device | None = None,
+                       model: torch.nn.Module | None = None) -> torch.device:
+    """Where a measurement runs: ``device`` if given (checked by :func:`kvlib.device.check_device`:
+    a ``ValueError`` if this machine lacks it), else ``model``'s device (that of its first
+    parameter), else :func:`kvlib.default_device`."""
+    if device is not None:
+        return check_device(device)
+    if model is not None:
+        return next(model.parameters()).device
+    return default_device()
 
-    The median of ``repeats`` timed products after a warm-up; ``2 n³`` FLOPs each.
+
+def measured_on(device: str | torch.device | None = None, model: torch.nn.Module | None = None) -> str:
+    """The line to print beside a measurement: :func:`kvlib.device.describe_device` of
+    :func:`measurement_device` (e.g. ``"CUDA:0 (NVIDIA H100 80GB HBM3)"``)."""
+    return describe_device(measurement_device(device, model))
+
+
+def _median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn`` after ``warmup`` unmeasured runs, each timed by a
+    :class:`kvlib.clock.Stopwatch` that waits for ``device``'s queued work at both ends."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        with Stopwatch(device) as watch:
+            fn()
+        times.append(watch.seconds)
+    return statistics.median(times)
+
+
+def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device | None = None) -> float:
+    """Bytes per second the memory of ``device`` (default :func:`kvlib.default_device`) moves.
+
+    On the CPU: the median time to sum a buffer of ``nbytes``, larger than any cache (bytes
+    read). Elsewhere: the median time of a device-to-device copy of ``nbytes``, counted as
+    ``2 · nbytes`` (every byte is read once and written once, as CUDA's ``bandwidthTest``
+    counts it). Queued GPU work is waited for at both ends of each timing.
     """
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
-    return 2 * n ** 3 / median_seconds(lambda: a @ b, repeats=repeats, warmup=1)
+    device = measurement_device(device)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    if device.type == "cpu":
+        return nbytes / _median_seconds(x.sum, device, repeats)
+    out = torch.empty_like(x)
+    return 2 * nbytes / _median_seconds(lambda: out.copy_(x), device, repeats)
 
 
-def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
+def matmul_flops_per_second(n: int | None = None, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                            device: str | torch.device | None = None) -> float:
+    """Floating-point operations per second of one dense ``(n, n) @ (n, n)`` product in ``dtype``
+    on ``device`` (default :func:`kvlib.default_device`): on the CPU with the current thread
+    count, the arithmetic a compute-bound step can hope for.
+
+    ``n`` defaults to 1024 on the CPU and 4096 elsewhere (a GPU needs a large product to be
+    busy). The median of ``repeats`` timed products after a warm-up; ``2 n³`` FLOPs each. On
+    CUDA, ``dtype=torch.bfloat16`` measures the tensor cores; float32 follows PyTorch's
+    ``torch.backends.cuda.matmul.allow_tf32`` setting (off by default).
+    """
+    device = measurement_device(device)
+    n = n or (1024 if device.type == "cpu" else 4096)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n ** 3 / _median_seconds(lambda: a @ b, device, repeats)
+
+
+def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | torch.device | None = None) -> float:
     """Seconds to run every weight matrix of ``model`` once as a matrix-vector product, back to back.
 
     Every linear layer (float or quantized) and the output layer, each called on one vector of
     the right width in the model's dtype, with nothing in between: the same kernels a decode
-    step uses, so no decode step of ``model`` can be faster than this.
+    step uses, so no decode step of ``model`` can be faster than this. It runs where ``model``
+    is; given another ``device``, on a copy of ``model`` moved there (``model`` stays put).
     """
+    device = measurement_device(device, model)
+    if device != model.embed.weight.device:
+        model = copy.deepcopy(model).to(device)
     layers = [m for m in model.modules() if m is not model and hasattr(m, "in_features") and hasattr(m, "out_features")]
     output = model.lm_head if getattr(model, "lm_head", None) is not None else (lambda x: F.linear(x, model.embed.weight))
-    dtype, device = model.embed.weight.dtype, model.embed.weight.device
+    dtype = model.embed.weight.dtype
     inputs = {w: torch.randn(1, 1, w, dtype=dtype, device=device) for w in {m.in_features for m in layers} | {model.config.d_model}}
 
     def read_every_weight() -> None:
@@ -50,11 +112,23 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7) -> float:
                 layer(inputs[layer.in_features])
             output(inputs[model.config.d_model])
 
-    return median_seconds(read_every_weight, repeats=repeats, warmup=1)
+    return _median_seconds(read_every_weight, device, repeats)
+
+
+def _devices() -> list[str]:
+    """Every device this process can compute on, described (the CPU first)."""
+    found = [describe_device("cpu")]
+    if torch.cuda.is_available():
+        found += [describe_device(torch.device("cuda", i)) for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        found.append(describe_device("mps"))
+    return found
 
 
 def machine_description() -> dict:
-    """What the numbers were measured on."""
+    """What the numbers were measured on: the CPU, every device PyTorch can reach
+    (``"devices"``), the one measurements run on by default (``"default_device"``, see
+    :func:`kvlib.default_device`), and the versions."""
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -69,4 +143,5 @@ def machine_description() -> dict:
                                            ("sse4_2", "SSE4.2"), ("asimd", "NEON")] if flag in flags), "unknown")
     return {"cpu": cpu, "vector_extensions": vector, "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__, "os": platform.platform()}
+            "torch": torch.__version__, "os": platform.platform(), "devices": _devices(),
+            "default_device": describe_device(default_device()), "cuda": torch.version.cuda}

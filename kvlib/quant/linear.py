@@ -5,8 +5,11 @@ Only the weights are quantized; activations stay floating point. On a CPU the ma
 product runs in PyTorch's weight-only kernels, ``aten._weight_int8pack_mm`` and
 ``aten._weight_int4pack_mm_for_cpu``, which take bfloat16 activations (with float32 ones
 they fall back to slow loops), so a layer computes in bfloat16 and hands back its input's
-dtype. Elsewhere (a GPU) the layer multiplies by its dequantized weight, which is correct
-but saves no time.
+dtype. Elsewhere (a GPU) there is no such kernel for these layouts: the layer dequantizes its
+weight once, to a dense matrix in the activations' dtype kept beside the packed integers
+(built when the layer is moved there, dropped when it is moved again), and multiplies by it
+with ``F.linear``. That is as fast as a bfloat16 layer, not faster, and holds the dense copy
+as well: on a GPU these layers show the formats' rounding, not their savings.
 """
 from __future__ import annotations
 
@@ -26,7 +29,52 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).to(COMPUTE_DTYPE)                          # (tokens, in)
 
 
-class Int8Linear(nn.Module):
+class _WeightOnly(nn.Module):
+    """What both layers share: the choice between the CPU kernel and a dense weight.
+
+    ``force_dense = True`` (on an instance) sends CPU inputs through the dense path too, so
+    that a test on a machine without a GPU can compare the two paths.
+    """
+
+    force_dense: bool = False
+    _dense: torch.Tensor | None = None          # the cached dense weight; never a buffer (not saved, not moved)
+    out_features: int
+
+    def dequantized(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def uses_kernel(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` goes through the CPU weight-only kernel (else through the dense weight)."""
+        return x.device.type == "cpu" and not self.force_dense
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as a dense ``(out, in)`` matrix in ``dtype`` on the layer's device: built from
+        :meth:`dequantized` on first use and kept until the layer is moved or cast (``.to``,
+        ``.cuda``, ``.cpu``...) or loads a state dict; asked for in another dtype, rebuilt."""
+        if self._dense is None or self._dense.dtype != dtype:
+            self._dense = self.dequantized().to(dtype)
+        return self._dense
+
+    def _apply(self, fn, recurse: bool = True):
+        """Moving or casting the buffers drops the dense weight; off the CPU it is rebuilt at
+        once, in the dtype of the layer's scales (the model's dtype), so no forward pass (or
+        compiled graph) has to build it."""
+        self._dense = None
+        out = super()._apply(fn, recurse)
+        device = next(iter(self.buffers())).device
+        if device.type not in ("cpu", "meta"):
+            self.dense_weight(next(b.dtype for b in self.buffers() if b.is_floating_point()))
+        return out
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._dense = None                      # the buffers are about to be overwritten in place
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _dense_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dense_weight(x.dtype))
+
+
+class Int8Linear(_WeightOnly):
     """``y = x @ (q · scale)ᵀ`` with ``q`` int8 ``(out, in)`` and one scale per output row."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -57,17 +105,18 @@ class Int8Linear(nn.Module):
         return dequantize_int8_rows(self.q, self.scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(_as_rows(x), self.q, self.scale)
-        else:
-            y = F.linear(_as_rows(x), self.dequantized().to(COMPUTE_DTYPE))
+        """On the CPU the int8 kernel, in bfloat16, handing back ``x``'s dtype; elsewhere (or with
+        ``force_dense``) ``F.linear`` with :meth:`dense_weight` in ``x``'s dtype."""
+        if not self.uses_kernel(x):
+            return self._dense_forward(x)
+        y = torch.ops.aten._weight_int8pack_mm(_as_rows(x), self.q, self.scale)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per output row"
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_WeightOnly):
     """``y = x @ Wᵀ`` with ``W = (q - 8) · scale + zero`` per group of ``group_size`` inputs,
     ``q`` 4-bit, stored packed two per byte in the layout of PyTorch's CPU int4 kernel."""
 
@@ -81,7 +130,9 @@ class Int4Linear(nn.Module):
                              f"({out}, {inp // group_size}) for groups of {group_size}")
         self.out_features, self.in_features, self.group_size = out, inp, group_size
         # the kernel's operands: packed weights, and (groups, out, 2) scales and zeros in bf16
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+        # packed by the CPU kernel's own routine wherever q is (there is no other): its layout
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to("cpu", torch.int32), 1)
+        self.register_buffer("packed", packed.to(q.device))
         self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
 
     @classmethod
@@ -114,18 +165,21 @@ class Int4Linear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, ``(out, in)`` float32: read back through the kernel
         itself (the identity matrix times the weight), so it is exactly what the kernel uses,
-        each value rounded to bfloat16. Only the packed integers are kept, no second copy."""
-        eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE)
+        each value rounded to bfloat16. The packed layout is the CPU kernel's (and depends on the
+        CPU's vector instructions), so off the CPU this copies the packed integers to the CPU and
+        the result back: once per move (:meth:`dense_weight`), never per call."""
+        eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE, device="cpu")
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed.cpu(), self.group_size,
                                                          self.scales_and_zeros.cpu())          # (in, out)
         return w_t.t().float().to(self.packed.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(_as_rows(x), self.packed, self.group_size,
-                                                           self.scales_and_zeros)
-        else:
-            y = F.linear(_as_rows(x), self.dequantized().to(COMPUTE_DTYPE))
+        """On the CPU the int4 kernel, in bfloat16, handing back ``x``'s dtype; elsewhere (or with
+        ``force_dense``) ``F.linear`` with :meth:`dense_weight` in ``x``'s dtype."""
+        if not self.uses_kernel(x):
+            return self._dense_forward(x)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(_as_rows(x), self.packed, self.group_size,
+                                                       self.scales_and_zeros)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:

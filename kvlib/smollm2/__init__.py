@@ -28,11 +28,19 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = 
 
     The weights come from the GGUF file found (or fetched once, if ``download``) by
     :func:`kvlib.smollm2_path`. By default they are dequantized to float32, then cast to
-    ``dtype`` and moved to ``device``. With ``quantized=True`` the file's 4-bit (Q4_1) layers
-    stay 4-bit (:func:`kvlib.smollm2.load_q4_1_decoder`) and the model computes in bfloat16;
-    ``dtype`` is then ignored. The file is parsed once for both model and tokenizer. Raises
-    :class:`kvlib.ModelFileError` if the file is missing or damaged.
+    ``dtype`` and moved to ``device``; ``device=None`` means :func:`kvlib.default_device`
+    (``KVLIB_DEVICE`` if set, else CUDA when available, else the CPU), so on a machine with
+    a CUDA build of PyTorch and a GPU the model lands on the GPU: pass ``device="cpu"`` to
+    keep it on the CPU. With ``quantized=True`` the file's 4-bit (Q4_1) layers stay 4-bit
+    (:func:`kvlib.smollm2.load_q4_1_decoder`) and the model computes in bfloat16; ``dtype`` is
+    then ignored (off the CPU those layers multiply by their weight dequantized once, see
+    :class:`kvlib.quant.Int4Linear`). The file is parsed once for both model and tokenizer.
+    Raises :class:`kvlib.ModelFileError` if the file is missing or damaged, and a
+    ``ValueError`` if ``device=None`` and ``KVLIB_DEVICE`` names a device this machine lacks.
     """
+    if device is None:
+        from ..device import default_device
+        device = default_device()
     file = smollm2_path(path, download=download)
     reader = open_gguf(file)
     if quantized:

@@ -1,0 +1,40 @@
+"""binder/ (the Binder button's environment) pins what requirements.txt pins, takes PyTorch's
+CPU build, and installs kvlib and the model file."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_binder_pins_what_make_pins():
+    binder, make = _pins(ROOT / "binder" / "requirements.txt"), _pins(ROOT / "requirements.txt")
+    assert {"torch", "numpy", "gguf", "tokenizers", "ipywidgets", "matplotlib", "ipykernel"} <= set(binder)
+    differ = {name: (v, make.get(name)) for name, v in binder.items() if make.get(name) != v}
+    assert not differ, f"binder/requirements.txt and requirements.txt pin different versions: {differ}"
+
+
+def test_binder_takes_the_cpu_build_of_torch():
+    text = (ROOT / "binder" / "requirements.txt").read_text()
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text
+
+
+def test_binder_installs_kvlib_and_fetches_the_model():
+    post = ROOT / "binder" / "postBuild"
+    assert post.stat().st_mode & 0o111, "binder/postBuild must be executable"
+    text = post.read_text()
+    assert "pip install --no-deps ." in text and "python -m kvlib.smollm2.weights" in text
+
+
+def test_binder_runs_the_tested_python():
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.11"
