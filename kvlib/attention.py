@@ -17,7 +17,7 @@ from torch import nn
 
 from .checks import non_negative_int, positive_int
 from .config import Config
-from .rope import RotaryEmbedding, as_positions
+from .rope import RotaryEmbedding, Rotation, as_positions
 
 class KVStore(Protocol):
     """What :class:`Attention` needs from a cache: :class:`kvlib.KVCache`, and the paged pool of
@@ -121,11 +121,12 @@ class Attention(nn.Module):
         (:class:`kvlib.fast.FusedAttention` computes all three with one matrix.)"""
         return self.wq(x), self.wk(x), self.wv(x)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, positions: int | torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding | Rotation, positions: int | torch.Tensor,
                 cache: KVStore | None = None, layer: int = 0, end: int = 0,
                 window: int | None = None, sinks: int = 0) -> torch.Tensor:
         """``x`` ``(batch, seq, d_model)``: tokens at ``positions`` ``(batch, seq)`` (an int ``p``:
-        at ``p, p + 1, ...``, see :func:`kvlib.rope.as_positions`).
+        at ``p, p + 1, ...``, see :func:`kvlib.rope.as_positions`), rotated by ``rope`` (or by the
+        angles of these positions, :meth:`kvlib.rope.RotaryEmbedding.at`, looked up once per pass).
 
         Without a cache the tokens attend to each other (causally, or within ``window``, plus
         ``sinks``). With one, ``cache.attend`` stores their keys and values as layer ``layer``

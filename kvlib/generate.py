@@ -252,8 +252,10 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
         raise ValueError(f"prompt_ids must be 1-D (one sequence), got shape {tuple(prompt_ids.shape)}")
     cfg = model.config
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
-    if not use_cache and (cache is not None or compile):
-        raise ValueError("a cache (or compile=True) was given but use_cache=False: both speed up cached decoding")
+    if not use_cache and cache is not None:
+        raise ValueError("a cache was given but use_cache=False")
+    if compile and not use_cache:
+        raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
     step_fn = None
     if compile:
         step_fn = compiled_decode_step(model)

@@ -11,7 +11,7 @@ from torch import nn
 from .attention import Attention, KVStore
 from .cache.base import KVCache
 from .config import Config
-from .rope import RotaryEmbedding, as_positions
+from .rope import RotaryEmbedding, Rotation, as_positions
 
 
 class RMSNorm(nn.Module):
@@ -56,7 +56,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, positions: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding | Rotation, positions: torch.Tensor,
                 cache: KVStore | None = None, layer: int = 0, end: int = 0,
                 window: int | None = None, sinks: int = 0) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, positions, cache, layer, end, window, sinks)
@@ -155,8 +155,9 @@ class Decoder(nn.Module):
             end = positions + ids.shape[1] if isinstance(positions, int) else int(positions.max()) + 1
         positions = as_positions(positions, ids.shape[1], ids.device)
         x = self.embed(ids)                                        # (batch, seq, d_model)
+        rotation = self.rope.at(positions)                         # the angles of these positions, once
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rope, positions, cache, i, end, window, sinks)
+            x = block(x, rotation, positions, cache, i, end, window, sinks)
         if isinstance(last, torch.Tensor):
             x = x[torch.arange(x.shape[0], device=x.device)[:, None], last]    # (batch, k, d_model)
         elif last is not None:

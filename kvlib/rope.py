@@ -31,10 +31,23 @@ class RotaryEmbedding(nn.Module):
         """Rotate ``x`` ``(batch, heads, seq, head_dim)``; token ``j`` of row ``b`` sits at
         position ``positions[b, j]`` (``positions`` is ``(batch, seq)``, or ``(1, seq)`` for
         every row alike, or an int: see :func:`as_positions`)."""
-        positions = as_positions(positions, x.shape[-2], self.cos.device)
-        cos = self.cos[positions][:, None].to(x.dtype)       # (batch, 1, seq, head_dim): the same for every head
-        sin = self.sin[positions][:, None].to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return self.at(as_positions(positions, x.shape[-2], self.cos.device))(x)
+
+    def at(self, positions: torch.Tensor) -> "Rotation":
+        """The rotation of ``positions`` ``(batch, seq)``, looked up once: a forward pass rotates
+        the queries and keys of every layer by the same positions (:meth:`kvlib.Decoder.run`)."""
+        return Rotation(self.cos[positions][:, None], self.sin[positions][:, None])
+
+
+class Rotation:
+    """RoPE's angles for one set of positions: ``cos`` and ``sin`` ``(batch, 1, seq, head_dim)``,
+    the same for every head. Called like a :class:`RotaryEmbedding` (the positions are already in it)."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos, self.sin = cos, sin
+
+    def __call__(self, x: torch.Tensor, positions: object = None) -> torch.Tensor:
+        return x * self.cos.to(x.dtype) + rotate_half(x) * self.sin.to(x.dtype)
 
 
 def as_positions(positions: int | torch.Tensor, seq: int, device: torch.device | str | None = None) -> torch.Tensor:

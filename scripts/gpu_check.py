@@ -103,9 +103,9 @@ def check_paths(model: Decoder, size: Sizes, device: torch.device) -> bool:
     rows = prompts(size.config, 4, size.prompt_len)
     rows[1] = rows[1][: size.prompt_len // 2]                     # prompts of two lengths: padding in the batch
     n = size.new_tokens
-    cached = kvlib.generate(model, rows[0], n, return_records=True)
+    cached = kvlib.generate(model, rows[0], n, keep_logits=True)
     checks = {"generate, without the cache": (kvlib.generate(model, rows[0], n, use_cache=False), cached)}
-    alone = [cached] + [kvlib.generate(model, r, n, return_records=True) for r in rows[1:]]
+    alone = [cached] + [kvlib.generate(model, r, n, keep_logits=True) for r in rows[1:]]
     batch = kvlib.generate_batch(model, rows, n)
     served = serve(model, [Request(r, n) for r in rows], max_batch=2, policy="continuous").outputs
     for i, solo in enumerate(alone):
@@ -125,8 +125,8 @@ def time_format(model: Decoder, size: Sizes, batch: int, device: torch.device) -
     ``batch`` prompts, after one untimed warm-up run; each step is timed by kvlib's stopwatch,
     which waits for the device."""
     rows = prompts(size.config, batch, size.prompt_len)
-    run = ((lambda: kvlib.generate(model, rows[0], size.new_tokens, return_records=True)) if batch == 1 else
-           (lambda: kvlib.generate_batch(model, rows, size.new_tokens, return_records=True)))
+    run = ((lambda: kvlib.generate(model, rows[0], size.new_tokens)) if batch == 1 else
+           (lambda: kvlib.generate_batch(model, rows, size.new_tokens)[0]))    # a batch's rows share their records
     run()
     records = run().records
     decode = sum(r.seconds for r in records if r.step > 0)

@@ -31,23 +31,22 @@ def test_intact_cache_passes(case):
 
 def test_forgotten_rope_offset_is_caught(case, monkeypatch):
     model, ids = case
-    original = RotaryEmbedding.forward
-    monkeypatch.setattr(RotaryEmbedding, "forward", lambda self, x, offset: original(self, x, 0))
+    original = RotaryEmbedding.at
+    monkeypatch.setattr(RotaryEmbedding, "at", lambda self, positions: original(self, positions - positions[:, :1]))
     assert _differs(model, ids, split=5, chunk=1)
 
 
 def test_off_by_one_rope_offset_is_caught(case, monkeypatch):
     model, ids = case
-    original = RotaryEmbedding.forward
-    monkeypatch.setattr(RotaryEmbedding, "forward",
-                        lambda self, x, positions: original(self, x, positions + (positions[:, :1] > 0)))
+    original = RotaryEmbedding.at
+    monkeypatch.setattr(RotaryEmbedding, "at", lambda self, positions: original(self, positions + (positions[:, :1] > 0)))
     assert _differs(model, ids, split=5, chunk=2)
 
 
 def test_cache_that_keeps_only_new_tokens_is_caught(case, monkeypatch):
     model, ids = case
 
-    def forgetful(self, positions, k, v, end):
+    def forgetful(self, positions, k, v, end, contiguous=False):
         return k, v, positions                        # never looks at the stored tokens
     monkeypatch.setattr(LayerKVCache, "update", forgetful)
     assert _differs(model, ids, split=5, chunk=1)
@@ -57,7 +56,7 @@ def test_cache_that_overwrites_slot_zero_is_caught(case, monkeypatch):
     model, ids = case
     original = LayerKVCache.update
 
-    def overwrite(self, positions, k, v, end):         # every chunk after the first written from slot 0
+    def overwrite(self, positions, k, v, end, contiguous=False):         # every chunk after the first written from slot 0
         start = positions - positions[:, :1] if int(positions[0, 0]) else positions
         return original(self, start, k, v, end)
     monkeypatch.setattr(LayerKVCache, "update", overwrite)

@@ -157,9 +157,9 @@ def _right_mask(l, m):
     (lambda l, m: (torch.full_like(l, int(l.max())), _right_mask(l, m)), "every row got the same position"),
     (lambda l, m: (l - 1, _right_mask(l, m)), "positions are off by one"),
     (lambda l, m: (l + 1, _right_mask(l, m)), "positions are off by one"),
-    (lambda l, m: (torch.arange(len(l)), _right_mask(l, m)), "those are the slot numbers"),
+    (lambda l, m: (torch.arange(len(l)), _right_mask(l, m)), "those are the row numbers"),
     (lambda l, m: (l, torch.arange(m) < l[:, None]), "the new token does not see itself"),
-    (lambda l, m: (l, torch.ones(len(l), m, dtype=torch.bool)), "stale keys"),
+    (lambda l, m: (l, torch.ones(len(l), m, dtype=torch.bool)), "positions it has not reached"),
     (lambda l, m: (l, (torch.arange(m) <= l.max()).expand(len(l), m)), "every row got the same mask"),
     (lambda l, m: (l, torch.arange(m) == l[:, None]), "the new token sees only itself"),
     (lambda l, m: (l, torch.arange(m) <= l[:, None] + 1), "one index too many"),
@@ -174,7 +174,7 @@ def test_typical_slot_step_mistakes_get_their_hint(wrong, hint):
 def test_a_mask_that_ignores_the_lengths_names_the_stale_keys():
     with pytest.raises(CheckFailed) as info:
         check_slot_step(lambda l, m: (l, torch.ones(len(l), m, dtype=torch.bool)))
-    assert "the mask ignores the lengths" in str(info.value) and "held it before" in str(info.value)
+    assert "the mask ignores the lengths" in str(info.value) and "an earlier, longer text" in str(info.value)
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -184,7 +184,7 @@ def test_a_mask_that_ignores_the_lengths_names_the_stale_keys():
     (lambda l, m: (l, _right_mask(l, m).int()), "mask must be a torch.bool tensor"),
     (lambda l, m: (l, _right_mask(l, m).float()), "mask must be a torch.bool tensor"),
     (lambda l, m: (l, _right_mask(l, m)[:, None, None]), r"kvlib.attention.visible has shape \(batch, 1, q_len, k_len\)"),
-    (lambda l, m: (l, torch.arange(m) <= l.max()), "the mask needs a row per slot"),
+    (lambda l, m: (l, torch.arange(m) <= l.max()), "the mask needs one row per batch row"),
     (lambda l, m: (l, _right_mask(l, m).T), r"mask should have shape \(3, 10\)"),
     (lambda l, m: l, r"expected two results \(positions, mask\)"),
 ])
@@ -195,7 +195,7 @@ def test_wrong_types_and_shapes_are_told_clearly(wrong, message):
 
 def test_an_unknown_slip_gets_the_first_mismatch_and_the_general_hint():
     with pytest.raises(CheckFailed, match=r"Exercise 7.1: case 1 of 6 .* is wrong: result 0: expected \[3, 7, 1\], "
-                                          r"got \[6, 14, 2\](.|\n)*hint: positions: each slot's own length"):
+                                          r"got \[6, 14, 2\](.|\n)*hint: positions: each row's own length"):
         check_slot_step(lambda l, m: (l * 2, torch.arange(m) <= 2 * l[:, None]))
 
 

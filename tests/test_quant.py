@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import kvlib
 from kvlib import Config, Decoder
-from kvlib.quant import (COMPUTE_DTYPE, Int4Linear, Int8Linear, dequantize_int4_groups, dequantize_int8_rows, evaluate,
+from kvlib.measure.quality import evaluate
+from kvlib.quant import (COMPUTE_DTYPE, Int4Linear, Int8Linear, dequantize_int4_groups, dequantize_int8_rows,
                          pack_int4, q4_1_as_int4_groups, q4_1_blocks, quantize, quantize_int4_groups,
                          quantize_int8_rows, unpack_int4)
 
@@ -178,7 +179,7 @@ def test_quantizing_twice_is_refused():
 def test_an_unknown_block_type_is_a_clear_error(tmp_path):
     """A file whose matrices are not Q4_1 blocks (here float32) cannot be loaded as 4-bit."""
     import test_smollm2
-    from kvlib.quant.model import load_q4_1_decoder
+    from kvlib.smollm2 import load_q4_1_decoder
     from kvlib.smollm2.gguf import open_gguf
     torch.manual_seed(0)
     test_smollm2._write_tiny_gguf(tmp_path / "tiny.gguf", Decoder(Config.tiny()).eval())

@@ -69,7 +69,8 @@ def test_kivi_cache_rounds_whole_groups_and_keeps_the_recent_tokens_exact():
     torch.testing.assert_close(model(ids, no_whole_group), exact)               # 20 tokens: no group of 32
     rounded = model(ids, KiviKVCache.for_model(model, max_len=20, bits=2, group=4))
     assert not torch.allclose(rounded, exact)
-    cache = KiviKVCache.for_model(model, max_len=20, bits=4, recent=4)
-    assert cache.format_bytes(20) < KiviKVCache.for_model(model, max_len=20, bits=8).format_bytes(20)
+    cache = KiviKVCache.for_model(model, max_len=20, bits=4, group=4, recent=4)
+    assert cache.format_bytes(20) < KiviKVCache.for_model(model, max_len=20, bits=8, group=4).format_bytes(20)
+    assert cache.format_bytes(20) < KiviKVCache.for_model(model, max_len=20, bits=4, group=32).format_bytes(20)
     with pytest.raises(ValueError, match="bits must be a positive int"):
         KiviKVCache.for_model(model, max_len=20, bits=0)

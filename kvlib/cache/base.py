@@ -33,12 +33,13 @@ class LayerCache(Protocol):
     positions up to itself (sliding-window attention)."""
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store ``k, v`` ``(batch, kv_heads, seq, head_dim)``, token ``j`` of row ``b`` at position
         ``positions[b, j]``; return the keys and values the new queries may attend to,
         ``(batch, kv_heads, k_len, head_dim)`` each, and the position each of those holds,
         ``(batch, k_len)`` or ``(1, k_len)`` (``-1``: a slot that holds nothing). ``end`` is one
-        past the furthest position any row now holds."""
+        past the furthest position any row now holds; ``contiguous=True`` promises that every
+        row's new tokens sit at ``end - seq .. end - 1`` (a layer may then store them faster)."""
         ...
 
 
@@ -57,20 +58,23 @@ class LayerKVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("slot_positions", torch.arange(max_len, device=device), persistent=False)
 
-    def write(self, name: str, positions: torch.Tensor, x: torch.Tensor) -> None:
+    def write(self, name: str, positions: torch.Tensor, x: torch.Tensor, end: int | None = None) -> None:
         """Store ``x`` ``(batch, kv_heads, seq, ·)`` into buffer ``name``, row ``b``'s token ``j`` in slot
-        ``positions[b, j]``."""
+        ``positions[b, j]``; with ``end``, every row's tokens go to slots ``end - seq .. end - 1``."""
         buffer = getattr(self, name)
+        if end is not None:
+            buffer[:, :, end - x.shape[2]:end] = x                                 # one slice for all rows
+            return
         rows = torch.arange(x.shape[0], device=x.device)[:, None]                 # (batch, 1)
         buffer[rows, :, positions] = x.transpose(1, 2).to(buffer.dtype)           # (batch, seq, kv_heads, ·)
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The :class:`LayerCache` contract. The keys and values returned are views of the
         buffers (no copy), slots ``0 .. end-1``: a row's slots beyond its own length hold keys of
         later positions (or nothing), which :func:`kvlib.attention.visible` hides from its queries."""
-        self.write("k", positions, k)
-        self.write("v", positions, v)
+        self.write("k", positions, k, end if contiguous else None)
+        self.write("v", positions, v, end if contiguous else None)
         return self.k[:, :, :end], self.v[:, :, :end], self.slot_positions[None, :end]
 
     def rows(self, start: int, stop: int) -> "LayerKVCache":
@@ -148,7 +152,7 @@ class KVCache(nn.Module):
                end: int) -> torch.Tensor:
         """The :class:`kvlib.attention.KVStore` contract: store ``k, v`` in layer ``layer``'s cache, then attend."""
         cache = self.layers[layer]
-        keys, values, key_positions = cache.update(positions, k, v, end)
+        keys, values, key_positions = cache.update(positions, k, v, end, contiguous=self.uniform)
         return attention(q, keys, values, positions, key_positions, window=cache.window,
                          dense=self.uniform and keys.shape[2] == end)
 

@@ -52,11 +52,11 @@ class Int8LayerKVCache(LayerKVCache):
                                  persistent=False)
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         for name, x in (("k", k), ("v", v)):
             q, scale = quantize_int8(x)
-            self.write(name, positions, q)
-            self.write(f"{name}_scale", positions, scale)
+            self.write(name, positions, q, end if contiguous else None)
+            self.write(f"{name}_scale", positions, scale, end if contiguous else None)
         return (dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end], self.out_dtype),
                 dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.out_dtype),
                 self.slot_positions[None, :end])
@@ -99,8 +99,8 @@ class HalfLayerKVCache(LayerKVCache):
         self.out_dtype = out_dtype
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k_all, v_all, key_positions = super().update(positions, k, v, end)   # stored rounded to `storage`
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k_all, v_all, key_positions = super().update(positions, k, v, end, contiguous)   # stored rounded
         return k_all.to(self.out_dtype), v_all.to(self.out_dtype), key_positions
 
 
@@ -142,8 +142,8 @@ class KiviLayerKVCache(LayerKVCache):
         self.bits, self.group, self.recent = bits, group, recent
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        k_all, v_all, key_positions = super().update(positions, k, v, end)    # (batch, kv_heads, end, head_dim)
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        k_all, v_all, key_positions = super().update(positions, k, v, end, contiguous)   # exact, slots 0 .. end-1
         held = positions[:, -1:] + 1                                              # (batch, 1): tokens each row holds
         boundary = (held - self.recent).clamp(min=0) // self.group * self.group  # below it: stored rounded
         rounded = (key_positions < boundary)[:, None, :, None]                    # (batch, 1, end, 1)

@@ -25,7 +25,7 @@ class SlidingWindowLayerCache(LayerKVCache):
         self.register_buffer("ring_positions", torch.full((batch, window), -1, device=device), persistent=False)
 
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               end: int, contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One new token per row: written into its slot, and the whole ring returned (in ring
         order, not in position order: the positions say where each key sits). A chunk of
         several tokens: the ring as it was followed by the chunk's own keys (a new tensor,

@@ -46,8 +46,8 @@ class _ScaledKeysLayer(LayerKVCache):
         super().__init__(*args)
         self.start, self.factor = start, factor
 
-    def update(self, positions, k, v, end):
-        k_all, v_all, key_positions = super().update(positions, k, v, end)
+    def update(self, positions, k, v, end, contiguous=False):
+        k_all, v_all, key_positions = super().update(positions, k, v, end, contiguous)
         if k_all.shape[2] > self.start:
             k_all = k_all.clone()
             k_all[:, :, self.start:] *= self.factor

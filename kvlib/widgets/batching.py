@@ -95,14 +95,13 @@ def lanes(report: ServeReport) -> list[list[tuple[str, int | None]]]:
     held: list[int | None] = [None] * report.max_batch
     out = []
     for step in report.timeline:
-        did = {i: kind for i, kind, _ in step.work}
-        for i in step.preempted:
-            did[i] = "preempted"
-        for i in list(did) + step.running:                     # newcomers take the lowest free lanes
+        did = {i: kind for i, kind, _ in step.work} | {i: "preempted" for i in step.preempted}
+        present = list(dict.fromkeys([*step.running, *did]))     # running, or preempted in this step
+        held = [i if i in present else None for i in held]       # lanes of finished requests are free again
+        for i in present:                                        # newcomers take the lowest free lanes
             if i not in held:
                 held[held.index(None)] = i
         out.append([("idle", None) if i is None else (did.get(i, "waiting"), i) for i in held])
-        held = [i if i in step.running else None for i in held]
     return out
 
 

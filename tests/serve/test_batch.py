@@ -83,7 +83,7 @@ def test_the_result_carries_its_records_and_the_old_flag_still_works():
     out = kvlib.generate_batch(model, [[1, 2], [3, 4, 5]], 4)
     assert all(isinstance(g, kvlib.Generation) and g.logits is None for g in out)
     assert [r.tokens_in for r in out[0].records] == [6, 2, 2, 2] and out[0].records is out[1].records
-    with pytest.warns(DeprecationWarning, match="return_records=True is deprecated"):
+    with pytest.warns(DeprecationWarning, match=r"return_records=True\) is deprecated"):
         old = kvlib.generate_batch(model, [[1, 2], [3, 4, 5]], 4, return_records=True)
     assert old == out and old[0].logits.shape == (4, 64)
 

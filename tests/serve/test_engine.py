@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import kvlib
 from kvlib.serve import BlockManager, Engine, Request, serve
-from kvlib.serve.runner import PagedKV, gather
+from kvlib.serve.runner import ModelRunner, PagedKV, gather
 
 from tiny_models import tiny_model
 
@@ -198,25 +198,54 @@ def test_a_block_table_off_by_one_is_caught(monkeypatch):
 
 
 def test_keys_that_do_not_chain_are_caught(monkeypatch):
-    """Keys of a block's tokens alone give false hits: two prompts whose second blocks hold the same
-    tokens after different first blocks share a block they must not."""
+    """Keys of a block's tokens alone (and its predecessor's) give false hits: the second request's
+    block [3, 3, 3, 3] after [1, 1, 1, 1] would take the first request's block of those tokens at
+    positions 12-15, whose keys were rotated for other positions and saw other tokens."""
     from kvlib.serve import blocks
 
+    model = tiny_model(torch.float64)
+    first = [1] * 4 + [2] * 4 + [1] * 4 + [3] * 4 + [5]
+    requests = [Request(first, 6), Request([1] * 4 + [3] * 4 + [5, 6], 6, arrival=30.0)]
+    assert not _some_request_differs(model, requests, max_batch=1, block_size=4, prefix_caching=True)
     monkeypatch.setattr(blocks, "chain_key", lambda previous, block: blocks.hashlib.sha256(
         bytes(str(list(block)), "utf8")).digest()[:blocks.KEY_BYTES])
-    model = tiny_model(torch.float64)
-    a, b = [1, 2, 3, 4, 9, 9, 9, 9, 5], [7, 7, 7, 7, 9, 9, 9, 9, 5]
-    assert _some_request_differs(model, [Request(a, 6), Request(b, 6)], max_batch=1, block_size=4,
-                                 prefix_caching=True)
+    assert _some_request_differs(model, requests, max_batch=1, block_size=4, prefix_caching=True)
+
+
+def shared_writes(monkeypatch) -> list[int]:
+    """Spy on the runner: the requests that write a slot of a block another request also holds."""
+    seen: list[int] = []
+    original = ModelRunner.step
+
+    def spy(self, items):
+        for seq, n in items:
+            slots = self.blocks.slots(seq, seq.num_computed, seq.num_computed + n)
+            seen.extend(seq.index for slot in slots if self.blocks.ref_count(slot // self.blocks.block_size) > 1)
+        return original(self, items)
+    monkeypatch.setattr(ModelRunner, "step", spy)
+    return seen
 
 
 def test_a_written_shared_block_is_caught(monkeypatch):
-    """Hits that cover the last token's block let a request write into a block another one reads."""
+    """A request that takes the block of its last token from the cache must compute that token
+    again, and so writes into a block another request holds: the spy sees it."""
     model = tiny_model(torch.float64)
-    monkeypatch.setattr(BlockManager, "hit_limit", lambda self, seq: seq.num_tokens // self.block_size)
     prompt = [5, 6, 7, 8, 1, 2, 3, 4]
-    assert _some_request_differs(model, [Request(prompt, 5), Request(prompt + [9], 5), Request(prompt, 5)],
-                                 max_batch=3, block_size=4, prefix_caching=True)
+    requests = [Request(prompt + [9], 12), Request(prompt, 5, arrival=3.0)]
+    seen = shared_writes(monkeypatch)
+    serve(model, requests, max_batch=2, block_size=4, prefix_caching=True, clock=step_clock())
+    assert seen == []                                                     # intact: shared blocks are only read
+    original = BlockManager.allocate
+
+    def allocate_the_last_block_too(self, seq, max_tokens=None):
+        ok = original(self, seq, max_tokens)
+        if ok and seq.num_computed == seq.num_tokens:                     # every token from the cache:
+            seq.num_computed -= 1                                         # compute the last one again, in place
+        return ok
+    monkeypatch.setattr(BlockManager, "hit_limit", lambda self, seq: seq.num_tokens // self.block_size)
+    monkeypatch.setattr(BlockManager, "allocate", allocate_the_last_block_too)
+    serve(model, requests, max_batch=2, block_size=4, prefix_caching=True, clock=step_clock())
+    assert 1 in seen
 
 
 def test_a_preempted_request_resumed_without_recomputing_is_caught(monkeypatch):

@@ -49,9 +49,12 @@ def test_prefix_caching_on_equals_off_on_the_real_model(smol):
     system = "You are a patient teacher. Answer in one short sentence, plainly, without lists."
     questions = ["What is a cache?", "Why is the sky blue?", "What is a prime number?"]
     reqs = [Request(tok.encode_chat(q, system=system), 10, stop_token=tok.im_end_id) for q in questions]
-    on = Engine(model, max_batch=3, prefix_caching=True).serve(reqs)
-    off = Engine(model, max_batch=3).serve(reqs)
-    assert on.cached_tokens > 0 and on.prefill_tokens < off.prefill_tokens
+    engine = Engine(model, max_batch=3, prefix_caching=True)
+    first = engine.serve(reqs[:1])                            # its blocks are cached once computed
+    on = engine.serve(reqs[1:])
+    off = Engine(model, max_batch=3).serve(reqs[1:])
+    assert first.cached_tokens == 0 and on.cached_tokens >= 2 * 16 and on.prefill_tokens < off.prefill_tokens
+    reqs = reqs[1:]
     ties = near_ties(model, reqs, on.outputs) + near_ties(model, reqs, off.outputs)
     if ties:
         pytest.skip("; ".join(ties))
