@@ -7,7 +7,7 @@ source is given with each entry), plus the parameter count. No weights are invol
 The parameter counts are computed from the shapes by :func:`count_parameters` (embedding,
 per-layer attention and MLP matrices and norms, final norm, and the output layer unless it
 is tied to the embedding); they equal the totals the model cards report (e.g. 6.74B for
-Llama-2-7B, 8.03B for Llama-3-8B, 70.6B for Llama-3-70B), which ``tests/test_memory.py`` checks.
+Llama-2-7B, 8.03B for Llama-3-8B, 70.6B for Llama-3-70B), which ``tests/cache/test_memory.py`` checks.
 """
 from __future__ import annotations
 

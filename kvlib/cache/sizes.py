@@ -5,7 +5,7 @@ Every layer keeps a key and a value for every token, in every key/value head, ea
 
     bytes = 2 (keys and values) × layers × kv heads × head dim × bytes per number × tokens × batch
 
-:func:`kv_cache_bytes` computes it; ``tests/test_memory.py`` checks it against the buffers
+:func:`kv_cache_bytes` computes it; ``tests/cache/test_memory.py`` checks it against the buffers
 a real :class:`kvlib.KVCache` allocates (``KVCache.nbytes``).
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ Its floating-point operations (a multiply-add counts as 2, as PyTorch's
     (what generation needs), ``tokens_in`` rows otherwise.
 
 These are exactly the numbers :func:`count_flops` (PyTorch's counter) reports for that call
-(``tests/test_flops.py`` checks it). Two conventions of that counter matter here:
+(``tests/measure/test_flops.py`` checks it). Two conventions of that counter matter here:
 element-wise work (RMSNorm, RoPE, softmax, SiLU) and the embedding lookup are not
 counted, and attention is counted over the whole ``tokens_in × context_len`` rectangle
 even where the causal mask hides a score (a plain implementation computes them and masks

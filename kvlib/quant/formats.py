@@ -14,7 +14,7 @@ zero point) shared by a group of weights, so that ``w ≈ dequantize(q)``:
   ``zero = m + 8 d``.
 
 Two 4-bit integers fit in one byte (:func:`pack_int4`). Every round trip keeps
-``|w - dequantize(quantize(w))| <= scale / 2`` (``tests/test_quant.py``).
+``|w - dequantize(quantize(w))| <= scale / 2`` (``tests/quant/test_quant.py``).
 """
 from __future__ import annotations
 

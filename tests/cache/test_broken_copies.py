@@ -8,7 +8,7 @@ from kvlib import Config, Decoder
 from kvlib.cache import LayerKVCache
 from kvlib.rope import RotaryEmbedding
 
-from test_cache_equivalence import cached_logits
+from cache.test_equivalence import cached_logits
 
 
 def _differs(model: Decoder, ids: torch.Tensor, split: int, chunk: int) -> bool:

@@ -17,7 +17,7 @@ import yaml
 
 from book import student_edition as se
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 MIN_LEN = 12
 

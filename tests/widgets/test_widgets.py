@@ -33,9 +33,11 @@ def _links(box):
 
 
 def _state_bytes(box) -> int:
-    from ipywidgets.embed import embed_data
+    """Bytes of the state the page embeds for ``box`` and the widgets it depends on (not every
+    widget alive in this process, which other tests' widgets would inflate)."""
+    from ipywidgets.embed import dependency_state, embed_data
 
-    return len(json.dumps(embed_data(views=[box])["manager_state"]))
+    return len(json.dumps(embed_data(views=[box], state=dependency_state([box]))["manager_state"]))
 
 
 # ------------------------------------------------------------------ computing

@@ -178,7 +178,7 @@ def test_quantizing_twice_is_refused():
 
 def test_an_unknown_block_type_is_a_clear_error(tmp_path):
     """A file whose matrices are not Q4_1 blocks (here float32) cannot be loaded as 4-bit."""
-    import test_smollm2
+    from smollm2 import test_loading as test_smollm2
     from kvlib.smollm2 import load_q4_1_decoder
     from kvlib.smollm2.gguf import open_gguf
     torch.manual_seed(0)

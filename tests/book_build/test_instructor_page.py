@@ -15,7 +15,7 @@ import yaml
 
 from book import student_edition as se
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "chapters" / "instructors.md"
 
 EXERCISES = se.book_exercises(ROOT)

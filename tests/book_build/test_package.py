@@ -37,7 +37,7 @@ pytestmark = [
                        reason="KVLIB_SKIP_PACKAGE_TEST=1: the installed-wheel test is switched off"),
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "requirements.txt"
 NOTEBOOK = REPO / "chapters" / "03_the_kv_cache.ipynb"
 KERNEL = "kvlib-wheel"

@@ -16,7 +16,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 import kvlib
 from book import colab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_notebook_opens_with_the_install_cell():
