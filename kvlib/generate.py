@@ -29,6 +29,9 @@ class StepRecord:
     tokens_in: int       # tokens fed through the model this step, every row, padding included
     seconds: float
     batch: int = 1       # rows still writing at this step
+    drafted: int = 0     # speculative decoding (kvlib.speculative): tokens drafted for this step
+    accepted: int = 0    # ... how many of them the model accepted
+    draft: tuple[int, ...] = ()   # ... and which they were
 
 
 class Generation(list):

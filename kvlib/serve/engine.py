@@ -108,6 +108,7 @@ class _Run:
         self.timeline: list[ServeStep] = []
         self.hits_before = engine.blocks.hits
         self.peak = engine.blocks.num_used
+        self.tables: list[list[int]] = [[] for _ in seqs]
 
     def to_end(self, progress: bool) -> ServeReport:
         bar = None
@@ -127,7 +128,8 @@ class _Run:
         return ServeReport(e.policy, e.max_batch, e.blocks.block_size, e.prefill_chunk,
                            [list(s.output) for s in self.seqs], [s.arrival for s in self.seqs], self.times,
                            self.timeline, self.clock() - start, cached_tokens=e.blocks.hits - self.hits_before,
-                           preemptions=self.scheduler.num_preemptions, peak_blocks=self.peak)
+                           preemptions=self.scheduler.num_preemptions, peak_blocks=self.peak,
+                           cached=[s.num_cached for s in self.seqs], block_tables=self.tables)
 
     def wait(self, plan: StepPlan) -> None:
         if plan.preempted or self.scheduler.running or not self.scheduler.waiting:
@@ -156,6 +158,7 @@ class _Run:
                 if bar is not None:
                     bar.update()
                 if seq.done:
+                    self.tables[seq.index] = list(seq.block_table)
                     self.scheduler.finish(seq)
         self.peak = max(self.peak, blocks.num_used)
         arrived = sum(s.arrival <= now for s in self.scheduler.waiting)

@@ -63,6 +63,8 @@ class ServeReport:
     cached_tokens: int = 0                   # prompt tokens taken from the prefix cache
     preemptions: int = 0
     peak_blocks: int = 0
+    cached: list[int] = field(default_factory=list)            # per request: its tokens taken from the cache
+    block_tables: list[list[int]] = field(default_factory=list)   # per request: its blocks when it finished
 
     @property
     def steps(self) -> int:
