@@ -16,7 +16,7 @@ export CHROMIUM
 
 # The tests compare stored outputs computed on a CPU, so they run there even on a machine with a
 # GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
-test test-nbval test-portable portable-% test-student test-student-portable student-half-1 student-half-2: export KVLIB_DEVICE = cpu
+test test-nbval test-portable portable-% test-student test-pool nbval/% student-check package-test: export KVLIB_DEVICE = cpu
 
 .PHONY: setup model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
@@ -46,29 +46,56 @@ book-static: setup
 	$(PY) book/assets.py _build/_config.static.yml --static
 	$(JB) build . --config _build/_config.static.yml $(JB_FLAGS)
 
-## test: every test, in four phases, each timed (the table at the end):
+## test: every test, in three phases, each timed (the table at the end):
 ##  1. pytest: kvlib's unit and property tests, the real-model and oracle tests, the book's helpers;
-##  2. nbval strict on every notebook, as this machine runs it (its threads, its CPU's rounding);
-##  3. the student edition: written, its name flow checked (every cell outside the solutions
-##     still runs with the stubs in place), then nbval on it in two halves side by side, one
-##     thread each, with other CPUs' matrix kernels (MKL_CBWR=COMPATIBLE: a plain SSE2 machine's
-##     rounding; MKL_CBWR=AVX2: an AVX2-only machine's): so every stored output outside the
-##     solutions is compared a second time, on another thread count and another rounding (the
-##     solutions' outputs are compared in phase 2); then its book, scanned for solution text;
-##  4. the book built from the stored outputs, every page checked in Chromium (alone: a browser
+##  2. every notebook under nbval strict, once, as another machine runs it: one thread, and
+##     another CPU's matrix kernels (MKL_CBWR=COMPATIBLE, a plain SSE2 machine's rounding, for
+##     the sections on small random models, which print tensors; MKL_CBWR=AVX2, an AVX2-only
+##     machine's, for the sections on the real model). The stored outputs were computed with
+##     this machine's kernels on two threads (`make notebooks`), so each one is compared on
+##     another thread count and another rounding. Two jobs at a time, the longest first; in the
+##     same pool, the student edition (written; its name flow checked: every cell outside the
+##     solutions still runs with the stubs in place; nbval on its two smallest notebooks, with
+##     this machine's kernels; its book built and scanned for solution text) and the package
+##     test (the wheel installed in a new environment runs a notebook outside the repository);
+##  3. the book built from the stored outputs, every page checked in Chromium (alone: a browser
 ##     starved of CPU by notebooks times out).
-## `make test-portable` runs both roundings on every notebook in full.
+## `make test-nbval` runs every notebook as this machine runs it, `make test-portable` with both
+## other roundings, `make test-student` the whole student edition.
 PHASES := _build/test-phases.tsv
 # $(call phase,NAME,COMMAND): run COMMAND; on success append "NAME<tab>seconds" to $(PHASES)
 phase = start=$$(date +%s); $(2) || exit $$?; printf '%s\t%s\n' "$(1)" $$(( $$(date +%s) - start )) >> $(PHASES)
 
 test: setup model
 	@mkdir -p _build && : > $(PHASES)
-	@$(call phase,1 pytest,$(PY) -m pytest)
-	@$(call phase,2 nbval on every notebook,$(MAKE) --no-print-directory test-nbval)
-	@$(call phase,3 student edition: flow + nbval (other roundings) + book,$(MAKE) --no-print-directory test-student-portable)
-	@$(call phase,4 book in Chromium,$(MAKE) --no-print-directory test-browser)
+	@$(call phase,1 pytest,$(PY) -m pytest -m "not package")
+	@$(call phase,2 notebooks (other roundings) + student edition + package,$(MAKE) --no-print-directory test-pool)
+	@$(call phase,3 book in Chromium,$(MAKE) --no-print-directory test-browser)
 	@$(MAKE) --no-print-directory test-times
+
+# Phase 2. Each notebook's rounding: COMPATIBLE for the sections on small random models.
+COMPATIBLE_NOTEBOOKS := $(filter chapters/01_% chapters/02_% chapters/03_% chapters/04_% chapters/06_%,$(NOTEBOOKS))
+cbwr = $(if $(filter $(1),$(COMPATIBLE_NOTEBOOKS)),COMPATIBLE,AVX2)
+# The jobs, longest first (book/runtimes.py, from the stored run times), so that the two at a
+# time end together; the student edition and the package test go beside the longest notebook.
+POOL_JOBS = $(call pool_order,$(shell $(PYTHON) book/runtimes.py --longest-first $(NOTEBOOKS)))
+pool_order = nbval/$(firstword $(1)) student-check package-test $(addprefix nbval/,$(wordlist 2,99,$(1)))
+
+.PHONY: test-pool student-check package-test
+test-pool: setup model
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target $(POOL_JOBS)
+
+nbval/%: setup model
+	@echo "nbval $*, MKL_CBWR=$(call cbwr,$*), $${OMP_NUM_THREADS:-default} thread(s)"
+	MKL_CBWR=$(call cbwr,$*) $(PY) $(NBVAL) -q $*
+
+student-check: setup model
+	$(PY) -m book.student_edition --out student --quiet --check-flow
+	$(PY) $(NBVAL) -q student/chapters/02_*.ipynb student/chapters/03_*.ipynb
+	$(MAKE) --no-print-directory student-book
+
+package-test: setup model
+	$(PY) -m pytest -q -p no:cacheprovider -m package tests/book_build/test_package.py
 
 ## test-times: the wall time of each phase of the last `make test`.
 test-times:
@@ -147,7 +174,7 @@ clean:
 	rm -rf _build
 
 # --- the student edition (python -m book.student_edition; see chapters/instructors.md) ---
-.PHONY: student test-student test-student-portable student-half-1 student-half-2 student-book
+.PHONY: student test-student student-book
 
 ## student: write the student edition into student/ (solution cells replaced by their stubs,
 ## solution blocks removed), build it into student/_build/html (stored outputs, no execution)
@@ -167,18 +194,3 @@ student-book: setup
 test-student: setup model
 	$(PY) -m book.student_edition --out student --quiet --check-flow
 	$(PY) $(NBVAL) student/chapters/*.ipynb
-
-## test-student-portable: phase 3 of make test (see there). The halves have about the same
-## stored run time (book/runtimes.py).
-STUDENT_HALF = $(patsubst chapters/%,student/chapters/%,$(shell $(PYTHON) book/runtimes.py --half $(1) $(NOTEBOOKS)))
-test-student-portable: setup model
-	$(PY) -m book.student_edition --out student --quiet --check-flow
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target student-half-1 student-half-2
-	$(MAKE) --no-print-directory student-book
-
-student-half-1: setup model
-	@echo "student edition, MKL_CBWR=COMPATIBLE, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(call STUDENT_HALF,1))"
-	MKL_CBWR=COMPATIBLE $(PY) $(NBVAL) -q $(call STUDENT_HALF,1)
-student-half-2: setup model
-	@echo "student edition, MKL_CBWR=AVX2, $${OMP_NUM_THREADS:-default} thread(s): $(notdir $(call STUDENT_HALF,2))"
-	MKL_CBWR=AVX2 $(PY) $(NBVAL) -q $(call STUDENT_HALF,2)

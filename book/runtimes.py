@@ -64,24 +64,26 @@ def compiles(path: Path) -> bool:
                for c in cells if c["cell_type"] == "code")
 
 
+def _weight(path: Path) -> float:
+    """The stored run time, plus a first compile for a notebook that compiles; 60 s without times."""
+    try:
+        stored = notebook_seconds(path)
+    except (ValueError, KeyError):
+        stored = 60.0
+    return stored + (COLD_COMPILE_SECONDS if compiles(path) else 0.0)
+
+
 def halves(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     """Split notebooks into two lists of about the same run time (longest first, each to the
     lighter list), for two runs side by side: the stored run time, plus a first compile for a
     notebook that compiles (the stored run reused its compiled code; the runs side by side, on
     another thread count, compile afresh). A notebook without stored times counts 60 s."""
-    def seconds(path: Path) -> float:
-        try:
-            stored = notebook_seconds(path)
-        except (ValueError, KeyError):
-            stored = 60.0
-        return stored + (COLD_COMPILE_SECONDS if compiles(path) else 0.0)
-
     bins: tuple[list[Path], list[Path]] = ([], [])
     load = [0.0, 0.0]
-    for path in sorted(paths, key=seconds, reverse=True):
+    for path in sorted(paths, key=_weight, reverse=True):
         lighter = 0 if load[0] <= load[1] else 1
         bins[lighter].append(path)
-        load[lighter] += seconds(path)
+        load[lighter] += _weight(path)
     return sorted(bins[0]), sorted(bins[1])
 
 
@@ -95,8 +97,16 @@ def setup(app):
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
-if __name__ == "__main__":      # python3 book/runtimes.py --half 1|2 NOTEBOOK...  (the Makefile's halves)
+def longest_first(paths: list[Path]) -> list[Path]:
+    """The notebooks by run time, longest first (as :func:`halves` counts it)."""
+    first, second = halves(paths)
+    return sorted(first + second, key=_weight, reverse=True)
+
+
+if __name__ == "__main__":      # the Makefile's order: python3 book/runtimes.py --longest-first NOTEBOOK...
     import sys
 
-    which, files = int(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
-    print(" ".join(str(p) for p in halves(files)[which - 1]))
+    if sys.argv[1] == "--longest-first":
+        print(" ".join(str(p) for p in longest_first([Path(p) for p in sys.argv[2:]])))
+    else:                        # --half 1|2 NOTEBOOK...
+        print(" ".join(str(p) for p in halves([Path(p) for p in sys.argv[3:]])[int(sys.argv[2]) - 1]))

@@ -22,7 +22,7 @@ MODULES = sorted(p for p in ROOT.rglob("*.py"))
 # What a learner reads: the decoder at the top and the subjects it is built from. None of it imports
 # the apparatus (measuring, widgets, exercises). `kvlib.bench` is the benchmark's entry point.
 LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
-          "clock.py", "device.py", "rounding.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
+          "clock.py", "device.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
 APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
 # The layers, lowest first: a unit may import its own layer and those below, never one above.
 LAYERS = [
@@ -31,7 +31,7 @@ LAYERS = [
     {"kvlib.cache"},
     {"kvlib.model", "kvlib.compiled"},
     {"kvlib.generate"},
-    {"kvlib.quant", "kvlib.fast", "kvlib.serve", "kvlib.smollm2"},
+    {"kvlib.quant", "kvlib.fast", "kvlib.serve", "kvlib.smollm2", "kvlib.speculative"},
     {"kvlib.measure"},
     {"kvlib.widgets", "kvlib.exercises", "kvlib.bench"},
     {"kvlib"},

@@ -33,6 +33,7 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.package,
     pytest.mark.skipif(os.environ.get("KVLIB_SKIP_PACKAGE_TEST") == "1",
                        reason="KVLIB_SKIP_PACKAGE_TEST=1: the installed-wheel test is switched off"),
 ]
