@@ -50,15 +50,17 @@ def render_draft_step(steps: Sequence[dict], tokens: Sequence[int], decode: Call
 
 
 def draft_steps_widget(records: Sequence, tokens: Sequence[int], decode: Callable[[list[int]], str], *,
-                       start: int = 0, interval: int = 900):
+                       start: int | None = None, interval: int = 900):
     """A slider over the verify steps of one speculative run (:func:`render_draft_step`, every view
-    drawn in advance). Returns an ``ipywidgets.VBox``."""
+    drawn in advance), at ``start`` (default: the first step that drafted). Returns an ``ipywidgets.VBox``."""
     import ipywidgets as widgets
 
     steps = draft_steps(records, tokens)
     if not steps:
         raise ValueError("no verify steps: the run wrote at most one token")
     views = [render_draft_step(steps, tokens, decode, i) for i in range(len(steps))]
+    if start is None:
+        start = next((i for i, s in enumerate(steps) if s["draft"]), 0)
     play, slider, stack, links = slider_stack([f"step {i + 1}" for i in range(len(steps))], views, "verify step",
                                               start, interval)
     box = widget_box([widgets.HBox([play, slider]), stack], f"draft_steps_widget({len(steps)} verify steps)", links)
