@@ -286,16 +286,17 @@ def check_gqa_attention(fn: Callable) -> None:
 # --- Exercise 2.4: which outputs change? (an experiment) ---------------------------------------
 
 _CHOICES_CHANGE = {
-    "a": (False, "Every query compares itself with every key of the past only: a token at position 5 is a "
-                 "key for positions 5 and later, never for 0 to 4. The experiment's list starts at 5."),
+    "a": (False, "In the second layer each position still attends only over its own and earlier positions' "
+                 "outputs: positions 0 to 4 never read position 5's, in any layer. The experiment's list "
+                 "starts at 5."),
     "b": (True, "The causal mask gives every earlier position a weight of exactly 0 for key 5, and all the "
                 "layers above see only what the layer below computed at the same or earlier positions, so "
                 "positions 0 to 4 come out the same; from position 5 on everything can change. That is what "
                 "makes the cache possible: what a token computed never depends on what comes after it."),
-    "c": (False, "Position 5 changes, but so do the later ones: each of them attends to the key and value of "
-                 "position 5 (and, from layer 2 on, to outputs that already depend on it)."),
-    "d": (False, "The positions after 5 do change: they attend to position 5. Only the positions before it "
-                 "stay the same."),
+    "c": (False, "A position's last hidden state is not its own token alone: attention mixed in the keys and "
+                 "values of every earlier position, so positions 6 and 7, which attend to position 5, change too."),
+    "d": (False, "Position 5's logits are computed from position 5's hidden state, which starts from its token: "
+                 "a new token there gives a new state and new logits, even though they predict the next token."),
 }
 
 

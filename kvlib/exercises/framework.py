@@ -1,6 +1,7 @@
 """The machinery shared by every exercise check: cases, comparison, one clear verdict."""
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -112,6 +113,39 @@ def run_check(exercise: str, fn: Callable, cases: list[Case], *, hint: str = "")
             raise CheckFailed(message)
     names = ", ".join(c.name for c in cases)
     print(f"✓ {exercise}: all {len(cases)} cases pass ({names}).")
+
+
+def _names_called(fn: Callable) -> set[str]:
+    """The global and attribute names ``fn``'s code uses, nested functions and lambdas included."""
+    fn = getattr(fn, "func", fn)                       # a functools.partial wraps the real function
+    code = getattr(fn, "__code__", None)
+    names: set[str] = set()
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+def refuse_library_answer(exercise: str, fn: Callable, answers: dict[str, Callable]) -> None:
+    """Raise :class:`CheckFailed` when ``fn`` is one of kvlib's ``answers`` (name -> function) or
+    calls one, by its name or through a global that holds it: the exercise asks the learner to
+    write what that function computes, so calling it passes without learning anything."""
+    inner = getattr(fn, "func", fn)
+    used = _names_called(fn)
+    env = getattr(inner, "__globals__", {})
+    for name, answer in answers.items():
+        # ``name`` in the code means the library's function unless the learner defined a helper of
+        # that name (their function itself counts: ``kvlib.cache.quantize_int8`` inside their own).
+        bound = env.get(name)
+        by_name = name in used and (bound is None or bound is answer or bound is inner)
+        aliases = {n for n in used if env.get(n) is answer}
+        if inner is answer or by_name or aliases:
+            how = "is" if inner is answer else "calls"
+            raise CheckFailed(f"{exercise}: your function {how} kvlib's `{name}`, which computes the answer "
+                              f"(the check compares against it). Write it yourself from the shapes and the "
+                              f"formula in the text, without `{name}`.")
 
 
 # --- naming the mistake ----------------------------------------------------------------------

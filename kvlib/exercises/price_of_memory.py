@@ -18,8 +18,9 @@ import torch
 from ..config import Config
 from ..cache.model_shapes import MODEL_SHAPES
 from ..cache.quantized import quantize_int8
-from .framework import (MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe, run_check,
-                        student_answer)
+from ..cache.sizes import crossover_tokens, kv_bytes_per_token, kv_cache_bytes
+from .framework import (MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe,
+                        refuse_library_answer, run_check, student_answer)
 
 __all__ = ["check_max_context", "check_quantize_int8", "check_int8_context", "check_int8_explanation"]
 
@@ -105,6 +106,7 @@ def check_max_context(fn: Callable[[Config, int, int, int], int]) -> None:
     ]
     cases = [Case(name, (cfg, p, m, b), _max_context(cfg, p, m, b)) for name, cfg, p, m, b in specs]
     exercise = "Exercise 6.1"
+    refuse_library_answer(exercise, fn, {f.__name__: f for f in (kv_cache_bytes, kv_bytes_per_token, crossover_tokens)})
     _diagnose_number(exercise, fn, cases, _max_context_mistakes)
     run_check(exercise, fn, cases,
               hint="memory left after the weights (2 × n_params bytes), divided by the cache's bytes per token "
@@ -159,6 +161,7 @@ def check_quantize_int8(fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch.T
     shape ``(..., 1)`` equal to each vector's largest magnitude ÷ 127, and ``q`` the nearest
     integer to ``x / scale`` (0 for an all-zero vector)."""
     exercise = "Exercise 6.2"
+    refuse_library_answer(exercise, fn, {"quantize_int8": quantize_int8})
     specs = _quant_cases()
     for i, (name, x) in enumerate(specs if callable(fn) else [], start=1):
         where = f"{exercise}: case {i} of {len(specs)} ({name})"

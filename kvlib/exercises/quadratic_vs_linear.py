@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Callable
 
 from ..config import Config
-from ..measure.flops import (attention_flops_per_pair, generation_ratio, linear_flops_per_token, output_flops_per_row,
-                     step_flops)
+from ..measure.flops import (attention_flops_per_pair, count_step_flops, generation_ratio, generation_step_flops,
+                             linear_flops_per_token, output_flops_per_row, step_flops)
 from .framework import (MULTI_HEAD, MULTI_QUERY, Case, CheckFailed, check_choice, check_prediction, describe,
-                        run_check, student_answer)
+                        refuse_library_answer, run_check, student_answer)
 
 __all__ = ["check_predict_step_flops", "check_total_flops_ratio", "check_batched_intensity",
            "check_batch_explanation"]
@@ -112,6 +112,9 @@ def check_predict_step_flops(fn: Callable[[Config, int, bool], int]) -> None:
     ]
     cases = [Case(name, (cfg, n, use_cache), _step(cfg, n, use_cache)) for name, cfg, n, use_cache in specs]
     exercise = "Exercise 4.1"
+    refuse_library_answer(exercise, fn, {f.__name__: f for f in (
+        step_flops, generation_step_flops, count_step_flops, linear_flops_per_token, attention_flops_per_pair,
+        output_flops_per_row)})
     _diagnose(exercise, fn, cases, _step_mistakes)
     run_check(exercise, fn, cases,
               hint="a step is output + tokens_in × linear_per_token + tokens_in × n × attention_per_pair, "

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from .framework import Case, check_choice, check_prediction, diagnose, run_check, student_answer
+from ..quant.formats import quantize_int4_groups
+from .framework import Case, check_choice, check_prediction, diagnose, refuse_library_answer, run_check, student_answer
 
 __all__ = ["check_q8_0_bytes", "check_q8_0_explanation", "check_quantize_int4", "check_quantized_knee",
            "check_prefill_explanation", "q8_0_model_bytes"]
@@ -158,6 +159,8 @@ def check_quantize_int4(fn: Callable) -> None:
         w = torch.randn(rows, cols, generator=g) + (5.0 if "far" in name else 0.0)
         q, scale, zero = _int4(w, group)
         cases.append(Case(name, (w, group), (q.float(), scale, zero), atol=1e-4))
+    if callable(fn):
+        refuse_library_answer("Exercise 8.2", fn, {"quantize_int4_groups": quantize_int4_groups})
 
     def as_floats(w, group_size):
         out = fn(w, group_size)

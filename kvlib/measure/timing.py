@@ -25,9 +25,17 @@ def fmt_seconds(seconds: float) -> str:
     return f"{sign}{seconds:.2f} s"
 
 
+_OPPOSITE = {"faster": "slower", "slower": "faster"}
+
+
 def fmt_ratio(ratio: float, word: str = "faster") -> str:
-    """A ratio of two measured times, e.g. ``'8.7× faster'``."""
-    return f"{ratio:.1f}× {word}"
+    """A ratio of two measured times or rates, e.g. ``'8.7× faster'``: ``ratio`` times ``word``
+    (``"faster"`` or ``"slower"``), or, below 1, its inverse with the opposite word (``0.8`` ``"faster"``
+    is ``'1.2× slower'``), so that a ratio never reads backwards. Which word comes out depends on
+    the machine near 1: ``tests/nbval_sanitize.cfg`` replaces the number and the word."""
+    if word not in _OPPOSITE:
+        raise ValueError(f"word must be 'faster' or 'slower', got {word!r}")
+    return f"{ratio:.1f}× {word}" if ratio >= 1 else f"{1 / ratio:.1f}× {_OPPOSITE[word]}"
 
 
 def fmt_approx(value: float, spec: str = ".1e") -> str:

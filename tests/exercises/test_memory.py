@@ -36,11 +36,12 @@ def test_references_pass(capsys):
     assert "✓ Exercise 6.2: all 6 cases pass" in out
 
 
-def test_kvlib_reference_passes_and_agrees(capsys):
+def test_kvlib_reference_agrees():
     from kvlib.cache import quantize_int8 as kvlib_quantize
 
-    check_quantize_int8(kvlib_quantize)
-    assert "✓ Exercise 6.2" in capsys.readouterr().out
+    x = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(0))
+    for mine, theirs in zip(quantize_int8(x), kvlib_quantize(x)):
+        assert torch.equal(mine, theirs)
     s = MODEL_SHAPES["Llama-3-8B"]
     n = max_context(s.config, s.n_params, 80 * 10**9, 8)
     half = torch.float16

@@ -66,8 +66,8 @@ def find_flip(model, tokenizer, questions, n_new):
         index = first_flip(model, prompt, n_new, int8)
         if index is None:
             continue
-        exact = kvlib.generate(model, prompt, index + 1, return_records=True).logits
-        other = kvlib.generate(model, prompt, index + 1, return_records=True, cache=int8()).logits
+        exact = kvlib.generate(model, prompt, index + 1, keep_logits=True).logits
+        other = kvlib.generate(model, prompt, index + 1, keep_logits=True, cache=int8()).logits
         if gaps(exact).min() > 1e-2 and gaps(other).min() > widest:
             best, widest = (question, index), gaps(other).min().item()
     return best

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 import torch
 
 from kvlib.measure import (TensorMemoryTracker, count_flops, fmt_approx, fmt_bytes, fmt_exponent, fmt_ratio,
@@ -27,6 +29,16 @@ def test_formats_match_the_nbval_sanitizer():
     assert fmt_ratio(8.73) == "8.7× faster"
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(100) == "100 B"
 
+
+
+def test_a_ratio_below_one_is_turned_round():
+    """0.9 times faster is 1.1 times slower: fmt_ratio never reads backwards, and the sanitizer
+    replaces the word too (near 1, machines differ in which it is)."""
+    assert fmt_ratio(0.8) == "1.2× slower" and fmt_ratio(0.5, "slower") == "2.0× faster"
+    assert fmt_ratio(1.0) == "1.0× faster"
+    assert _sanitized(fmt_ratio(0.97)) == _sanitized(fmt_ratio(1.03)) == "RATIO× FASTER-OR-SLOWER"
+    with pytest.raises(ValueError, match="word must be 'faster' or 'slower'"):
+        fmt_ratio(2.0, "quicker")
 
 
 def _sanitized(text: str) -> str:
