@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from ..config import Config
+from ..measure.roofline import decode_knee
 from ..quant.formats import quantize_int4_groups
 from .framework import Case, check_choice, check_prediction, diagnose, refuse_library_answer, run_check, student_answer
 
@@ -184,7 +185,9 @@ KNEE_NUMBERS = dict(w4=96e6, w32=513e6, bandwidth=20e9, flops_per_s=100e9, flops
 
 
 def _knee(weight_bytes: float, bandwidth: float, flops_per_s: float, flops_per_token: float) -> float:
-    return weight_bytes / bandwidth * flops_per_s / flops_per_token
+    """The statement's knee: the weights alone (its numbers leave the cache out)."""
+    return decode_knee(weight_bytes=weight_bytes, flops_per_token=flops_per_token, cache_bytes_per_row=0,
+                       flops_per_s=flops_per_s, bytes_per_s=bandwidth)
 
 
 def check_quantized_knee(fn) -> None:

@@ -14,6 +14,7 @@ from ..cache.base import KVCache
 from ..clock import Stopwatch
 from ..generate import Generation, generate
 from .memory import peak_memory
+from .roofline import decode_step_seconds
 
 @dataclass
 class SpeedComparison:
@@ -203,11 +204,14 @@ def uncached_peak_is_last_step(model: torch.nn.Module, prompt_ids: Sequence[int]
 
 @dataclass
 class BatchPoint:
-    """Batched decoding at one batch size: the median one-token step, and the roofline's prediction."""
+    """Batched decoding at one batch size: the median one-token step, and the roofline's prediction
+    (:func:`kvlib.measure.roofline.decode_step_seconds`: the weights once, every row's cache, the
+    arithmetic of every row)."""
 
     batch: int
     step_seconds: float          # measured: median of the one-token steps (the prefill left out)
-    roofline_seconds: float      # predicted: max(weights ÷ bandwidth, batch × FLOPs per token ÷ FLOP/s)
+    roofline_seconds: float      # predicted: max((weights + batch × cache) ÷ bandwidth, batch × FLOPs ÷ FLOP/s)
+    context: int = 0             # the tokens each row's step attends to (the middle of the run)
 
     @property
     def tokens_per_s(self) -> float:
@@ -219,10 +223,19 @@ class BatchPoint:
         return self.batch / self.roofline_seconds
 
 
-def roofline_seconds(flops: float, nbytes: float, flops_per_s: float, bytes_per_s: float) -> float:
-    """The roofline model's time for work of ``flops`` FLOPs that must read ``nbytes`` bytes:
-    whichever of arithmetic and memory takes longer (Williams, Waterman and Patterson, 2009)."""
-    return max(flops / flops_per_s, nbytes / bytes_per_s)
+def _roofline_point(model: torch.nn.Module, batch: int, step: float, context: int, *, bandwidth: float,
+                    flops_per_s: float) -> BatchPoint:
+    """A measured step beside the roofline's time for ``batch`` rows at ``context`` tokens."""
+    from ..cache.sizes import kv_bytes_per_token
+    from .flops import step_flops
+
+    p = next(model.parameters())
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    predicted = decode_step_seconds(batch, weight_bytes=weights,
+                                    flops_per_token=step_flops(model.config, context, 1).total,
+                                    cache_bytes_per_row=context * kv_bytes_per_token(model.config, p.dtype),
+                                    flops_per_s=flops_per_s, bytes_per_s=bandwidth)
+    return BatchPoint(batch, step, predicted, context)
 
 
 def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_new: int, *,
@@ -230,14 +243,9 @@ def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
     """Decode ``n_new`` tokens for ``b`` copies of ``prompt`` for each ``b`` of ``batch_sizes``
     (one :func:`kvlib.generate_batch` each, after a short warm-up) and set the median
     one-token step beside the roofline's prediction from this machine's measured
-    ``bandwidth`` (bytes/s) and dense ``flops_per_s``: every step reads every weight once,
-    and does ``b`` tokens' worth of arithmetic (:func:`kvlib.measure.flops.step_flops` at the
-    mean context of the run)."""
+    ``bandwidth`` (bytes/s) and dense ``flops_per_s``, at the mean context of the run."""
     from ..serve import generate_batch
-    from .flops import step_flops
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    per_token = step_flops(model.config, len(prompt) + n_new // 2, 1).total
     items = batch_sizes
     if progress:
         from tqdm.auto import tqdm
@@ -247,5 +255,90 @@ def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
         generate_batch(model, [list(prompt)] * b, 2)                          # warm-up at this shape
         out = generate_batch(model, [list(prompt)] * b, n_new)
         step = statistics.median(r.seconds for r in out[0].records[1:])
-        points.append(BatchPoint(b, step, roofline_seconds(b * per_token, weight_bytes, flops_per_s, bandwidth)))
+        points.append(_roofline_point(model, b, step, len(prompt) + n_new // 2,
+                                      bandwidth=bandwidth, flops_per_s=flops_per_s))
     return points
+
+
+def _prefilled(model: torch.nn.Module, prompt: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
+    """One row's cache holding ``prompt``, and the token it chooses next ``(1, 1)``."""
+    one = KVCache.for_model(model, max_len=len(prompt))
+    with torch.no_grad():
+        ids = torch.tensor([list(prompt)], device=next(model.parameters()).device)
+        return one, model(ids, one, last_only=True).argmax(-1)
+
+
+def _tiled(model: torch.nn.Module, one: KVCache, batch: int, room: int) -> KVCache:
+    """A cache of ``batch`` rows, each holding what row 0 of ``one`` holds, with ``room`` slots more."""
+    n = one.pos
+    cache = KVCache.for_model(model, batch=batch, max_len=n + room)
+    for mine, theirs in zip(cache.layers, one.layers):
+        mine.k[:, :, :n], mine.v[:, :, :n] = theirs.k, theirs.v            # (batch, kv_heads, n, head_dim) from row 0
+    cache.advance(n)
+    return cache
+
+
+def _items(values: Sequence[int], progress: bool, desc: str):
+    if not progress:
+        return values
+    from tqdm.auto import tqdm
+    return tqdm(values, desc=desc, unit="batch")
+
+
+def steps_at_context(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_steps: int = 6,
+                     *, bandwidth: float, flops_per_s: float, progress: bool = True) -> list[BatchPoint]:
+    """The median one-token decode step of ``b`` rows that each hold all of ``prompt`` in their
+    cache, for each ``b`` of ``batch_sizes``, beside the roofline's prediction.
+
+    The prompt is prefilled once and its keys and values copied into every row: a step's time
+    does not depend on what the cache holds, and the long prefill of every row is skipped. Then
+    ``n_steps`` steps for all rows (the first is a warm-up and not counted)."""
+    if n_steps < 2:
+        raise ValueError(f"n_steps must be at least 2 (the first step is a warm-up), got {n_steps}")
+    device = next(model.parameters()).device
+    one, first = _prefilled(model, prompt)
+    points = []
+    for b in _items(batch_sizes, progress, f"batch sizes at {len(prompt):,} tokens"):
+        cache, ids, seconds = _tiled(model, one, b, n_steps), first.repeat(b, 1), []
+        with torch.no_grad():
+            for _ in range(n_steps):
+                with Stopwatch(device) as clock:
+                    ids = model(ids, cache, last_only=True).argmax(-1)                          # (b, 1)
+                seconds.append(clock.seconds)
+        points.append(_roofline_point(model, b, statistics.median(seconds[1:]), len(prompt) + n_steps // 2,
+                                      bandwidth=bandwidth, flops_per_s=flops_per_s))
+    return points
+
+
+STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
+                                  "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"),
+              "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                            "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                            "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math")}
+
+
+def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_steps: int = 5,
+                 ) -> dict[int, dict[str, float]]:
+    """Where a decode step's time goes, for each batch size: PyTorch's profiler over ``n_steps``
+    one-token steps (after one warm-up) of ``b`` rows holding ``prompt``, the operators' own time
+    per step summed into :data:`STEP_PARTS` and ``"other operators"`` (norms, rotary embedding,
+    cache writes, activations). The profile counts operators' time only: the Python between them,
+    and the profiler's own cost, are not in it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    one, first = _prefilled(model, prompt)
+    out = {}
+    for b in batch_sizes:
+        cache, ids = _tiled(model, one, b, n_steps + 1), first.repeat(b, 1)
+        with torch.no_grad():
+            ids = model(ids, cache, last_only=True).argmax(-1)                                   # warm-up
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(n_steps):
+                    ids = model(ids, cache, last_only=True).argmax(-1)
+        events = prof.key_averages()
+        parts = {name: sum(e.self_cpu_time_total for e in events if e.key in keys) / 1e6 / n_steps
+                 for name, keys in STEP_PARTS.items()}
+        total = sum(e.self_cpu_time_total for e in events) / 1e6 / n_steps
+        parts["other operators"] = total - sum(parts.values())
+        out[b] = parts
+    return out

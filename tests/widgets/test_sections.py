@@ -9,7 +9,8 @@ from ipywidgets.widgets.widget_link import Link
 import kvlib
 from kvlib import Config, Decoder
 from kvlib.cache import KiviKVCache
-from kvlib.measure.experiments import BatchPoint, roofline_seconds
+from kvlib.measure.experiments import BatchPoint
+from kvlib.measure.roofline import roofline_seconds
 from kvlib.serve import Request, serve
 from kvlib.widgets.batching import batch_size_widget, lanes, render_batch_view, timeline_svg, timeline_widget
 from kvlib.widgets.quant import grid_point, quant_grid_widget

@@ -1,0 +1,80 @@
+"""The roofline of a decode step with the cache in it: the knee, the ceiling, the reference machines."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+from kvlib.measure.roofline import (REFERENCE_ACCELERATORS, Accelerator, decode_knee, decode_step_seconds,
+                                    roofline_seconds, throughput_ceiling)
+
+positive = st.floats(min_value=1e-3, max_value=1e15, allow_nan=False, allow_infinity=False)
+machine = st.fixed_dictionaries(dict(weight_bytes=positive, flops_per_token=positive,
+                                     cache_bytes_per_row=st.floats(min_value=0, max_value=1e12),
+                                     flops_per_s=positive, bytes_per_s=positive))
+
+
+@settings(max_examples=200, deadline=None)
+@given(machine, st.integers(min_value=1, max_value=10_000))
+def test_the_step_grows_with_the_batch_and_throughput_stays_under_the_ceiling(m, batch):
+    one, more = decode_step_seconds(batch, **m), decode_step_seconds(batch + 1, **m)
+    assert more >= one
+    ceiling = throughput_ceiling(**{k: v for k, v in m.items() if k != "weight_bytes"})
+    assert batch / one <= ceiling * (1 + 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(machine)
+def test_the_knee_is_where_arithmetic_catches_up_with_memory(m):
+    knee = decode_knee(**m)
+    f_pi = m["flops_per_token"] / m["flops_per_s"]
+    nc_beta = m["cache_bytes_per_row"] / m["bytes_per_s"]
+    if f_pi <= nc_beta:
+        assert knee == math.inf
+        return
+    assume(f_pi > nc_beta * (1 + 1e-6))        # far enough from the edge for float rounding
+    assert knee > 0
+    memory = (m["weight_bytes"] + knee * m["cache_bytes_per_row"]) / m["bytes_per_s"]
+    arithmetic = knee * m["flops_per_token"] / m["flops_per_s"]
+    assert arithmetic == pytest.approx(memory, rel=1e-6)
+
+
+def test_without_a_cache_the_knee_is_the_familiar_one():
+    # B* = (W / β) · (π / f): 513 MB, 42 GB/s, 203 GFLOP/s, 277 MFLOP per token (section 7's numbers)
+    knee = decode_knee(weight_bytes=513e6, flops_per_token=277e6, cache_bytes_per_row=0,
+                       flops_per_s=203e9, bytes_per_s=42e9)
+    assert knee == pytest.approx(513e6 / 42e9 * 203e9 / 277e6)
+
+
+def test_a_long_context_has_no_knee_and_its_ceiling_is_the_cache():
+    # 4,096 tokens of SmolLM2's float32 cache (46,080 bytes a token) read at 42 GB/s outlast 560 MFLOP at 203 GFLOP/s
+    kw = dict(flops_per_token=560e6, cache_bytes_per_row=4096 * 46_080, flops_per_s=203e9, bytes_per_s=42e9)
+    assert decode_knee(weight_bytes=513e6, **kw) == math.inf
+    assert throughput_ceiling(**kw) == pytest.approx(42e9 / (4096 * 46_080))
+    assert 1024 / decode_step_seconds(1024, weight_bytes=513e6, **kw) < throughput_ceiling(**kw)
+
+
+def test_roofline_seconds_takes_the_slower_side():
+    assert roofline_seconds(100, 10, flops_per_s=10, bytes_per_s=10) == 10
+    assert roofline_seconds(10, 100, flops_per_s=10, bytes_per_s=10) == 10
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "fast"])
+def test_bad_machine_numbers_are_refused(bad):
+    with pytest.raises(ValueError, match="flops_per_s must be a positive finite number"):
+        roofline_seconds(1, 1, flops_per_s=bad, bytes_per_s=1)
+    with pytest.raises(ValueError, match="bytes_per_s must be a positive finite number"):
+        Accelerator("x", 1e12, bad, 0, "nowhere")
+
+
+def test_a_batch_below_one_is_refused():
+    with pytest.raises(ValueError, match="batch"):
+        decode_step_seconds(0, weight_bytes=1, flops_per_token=1, cache_bytes_per_row=0, flops_per_s=1, bytes_per_s=1)
+
+
+def test_reference_accelerators_carry_their_source_and_plausible_ridge_points():
+    for a in REFERENCE_ACCELERATORS.values():
+        assert a.source and any(ch.isdigit() for ch in a.source)
+        assert 10 < a.ridge_point < 1000
+    assert REFERENCE_ACCELERATORS["NVIDIA H100 SXM"].ridge_point == pytest.approx(295, rel=0.01)
