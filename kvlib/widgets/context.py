@@ -207,7 +207,7 @@ def render_context_view(point: ContextPoint, *, max_flops: float | None = None, 
     if point.seconds_ratio is not None:
         runs = f", median of {repeats} runs" if repeats else ""
         rows.append([f"time of the step ({where}{runs})", fmt_seconds(point.seconds_uncached),
-                     fmt_seconds(point.seconds_cached), fmt_ratio(point.seconds_ratio, "slower without")])
+                     fmt_seconds(point.seconds_cached), fmt_ratio(point.seconds_ratio, "slower") + " without"])
     table = html_table(rows, ["", "without the cache", "with the cache", "ratio"])
     heading = (f'<div style="font-weight:bold;margin:2px 0 4px">One step at a context of {n:,} tokens</div>')
     return (f'<div style="font-family:sans-serif;font-size:12px;line-height:1.3">{heading}'
@@ -279,7 +279,7 @@ def _live_measurement(model, points: Sequence[ContextPoint], slider, repeats: in
         out.append_display_data(HTML(
             f'<div style="font-family:sans-serif;font-size:12px">Measured live on this machine at '
             f'{n:,} tokens: without the cache {fmt_seconds(un)}, with the cache {fmt_seconds(ca)} '
-            f'({fmt_ratio(un / ca, "slower without")}).</div>'))
+            f'({fmt_ratio(un / ca, "slower")} without).</div>'))
 
     toggle.observe(measure, names="value")
     slider.observe(measure, names="index")

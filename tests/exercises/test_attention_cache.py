@@ -344,8 +344,8 @@ def test_which_outputs_change_grades_every_letter(capsys):
     att.check_which_outputs_change(lambda: "b")
     att.check_which_outputs_change(lambda: " B ")
     assert capsys.readouterr().out.count("✓ Exercise 2.4: (b) is right. The causal mask") == 2
-    for letter, why in [("a", "a key for positions 5 and later"), ("c", "so do the later ones"),
-                        ("d", "Only the positions before it")]:
+    for letter, why in [("a", "never read position 5's"), ("c", "which attend to position 5, change too"),
+                        ("d", "a new token there gives a new state")]:
         with pytest.raises(CheckFailed, match=rf"Exercise 2.4: \({letter}\) is not it\. [\s\S]*{why}"):
             att.check_which_outputs_change(lambda: letter)
     with pytest.raises(CheckFailed, match=NOT_WRITTEN):
