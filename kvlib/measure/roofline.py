@@ -20,10 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..cache.sizes import kv_bytes_per_token
 from ..checks import non_negative_int, positive_int
+from ..config import Config
+from .flops import step_flops
 
 __all__ = ["roofline_seconds", "decode_step_seconds", "decode_knee", "throughput_ceiling", "Accelerator",
-           "REFERENCE_ACCELERATORS"]
+           "REFERENCE_ACCELERATORS", "DecodeEstimate", "estimate_decode"]
 
 
 def _positive(name: str, value: float) -> float:
@@ -105,3 +108,42 @@ REFERENCE_ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in [
                 "Apple newsroom, January 2023: GPU up to 13.6 TFLOPS (FP32; Apple publishes no 16-bit "
                 "matrix figure), 400 GB/s unified memory, up to 96 GB"),
 ]}
+
+
+@dataclass(frozen=True)
+class DecodeEstimate:
+    """What the roofline predicts for decoding one model on one machine (see :func:`estimate_decode`)."""
+
+    batch: int
+    context: int
+    weight_bytes: float          # W: read once per step, shared by the batch
+    cache_bytes_per_row: float   # n × c: each row's own cache, read once per step
+    flops_per_token: float       # f(n): one row's arithmetic in one step
+    step_seconds: float          # t_step(batch)
+    knee: float                  # B*, math.inf when no batch reaches it
+    ceiling: float               # tokens/s that no batch exceeds
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens the whole batch decodes per second: ``batch / t_step``."""
+        return self.batch / self.step_seconds
+
+
+def estimate_decode(config: Config, n_params: int, *, flops_per_s: float, bytes_per_s: float,
+                    weight_bits: float = 16.0, cache_bytes_per_number: int = 2, context: int = 1,
+                    batch: int = 1) -> DecodeEstimate:
+    """The roofline's decode step for a model of ``config``'s shapes and ``n_params`` weights
+    stored at ``weight_bits`` bits each (16 for bfloat16; :func:`kvlib.quant.formats.bits_per_weight`
+    for a grouped format), its cache at ``cache_bytes_per_number`` bytes per number, ``batch``
+    rows each at a context of ``context`` tokens, on a machine of ``flops_per_s`` and
+    ``bytes_per_s``. A prediction, not a measurement: real steps are slower."""
+    non_negative_int("n_params", n_params)
+    positive_int("batch", batch)
+    machine = dict(flops_per_s=flops_per_s, bytes_per_s=bytes_per_s)
+    w = n_params * _positive("weight_bits", weight_bits) / 8
+    row = dict(flops_per_token=float(step_flops(config, context, 1).total),
+               cache_bytes_per_row=float(kv_bytes_per_token(config, cache_bytes_per_number) * context))
+    return DecodeEstimate(batch=batch, context=context, weight_bytes=w, **row,
+                          step_seconds=decode_step_seconds(batch, weight_bytes=w, **row, **machine),
+                          knee=decode_knee(weight_bytes=w, **row, **machine),
+                          ceiling=throughput_ceiling(**row, **machine))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from kvlib.measure.roofline import (REFERENCE_ACCELERATORS, Accelerator, decode_knee, decode_step_seconds,
-                                    roofline_seconds, throughput_ceiling)
+                                    roofline_seconds, throughput_ceiling, estimate_decode)
 
 positive = st.floats(min_value=1e-3, max_value=1e15, allow_nan=False, allow_infinity=False)
 machine = st.fixed_dictionaries(dict(weight_bytes=positive, flops_per_token=positive,
@@ -78,3 +78,30 @@ def test_reference_accelerators_carry_their_source_and_plausible_ridge_points():
         assert a.source and any(ch.isdigit() for ch in a.source)
         assert 10 < a.ridge_point < 1000
     assert REFERENCE_ACCELERATORS["NVIDIA H100 SXM"].ridge_point == pytest.approx(295, rel=0.01)
+
+
+def test_estimate_for_a_published_model_matches_the_hand_count():
+    from kvlib.cache.model_shapes import model_shape
+    shape, h100 = model_shape("Llama-3-8B"), REFERENCE_ACCELERATORS["NVIDIA H100 SXM"]
+    est = estimate_decode(shape.config, shape.n_params, flops_per_s=h100.flops_per_s,
+                          bytes_per_s=h100.bytes_per_s, context=1)
+    # batch 1, bfloat16: 16.06 GB of weights at 3.35 TB/s is about 4.8 ms a token
+    assert est.weight_bytes == 2 * 8_030_261_248
+    assert est.step_seconds == pytest.approx(2 * 8_030_261_248 / 3.35e12, rel=1e-3)
+    four_bit = estimate_decode(shape.config, shape.n_params, flops_per_s=h100.flops_per_s,
+                               bytes_per_s=h100.bytes_per_s, weight_bits=4.5, context=1)
+    assert four_bit.step_seconds == pytest.approx(est.step_seconds * 4.5 / 16, rel=1e-2)
+    # a 32k-token context: 128 KiB per token in bfloat16 (GQA, 8 kv heads), 4 GiB per row
+    long = estimate_decode(shape.config, shape.n_params, flops_per_s=h100.flops_per_s,
+                           bytes_per_s=h100.bytes_per_s, context=32_768, batch=8)
+    assert long.cache_bytes_per_row == 131_072 * 32_768
+    assert long.knee == math.inf and long.ceiling == pytest.approx(3.35e12 / long.cache_bytes_per_row, rel=1e-3)
+    assert long.tokens_per_second < long.ceiling
+
+
+def test_estimate_rejects_bad_input():
+    from kvlib.config import Config
+    with pytest.raises(ValueError, match="weight_bits"):
+        estimate_decode(Config.tiny(), 10, flops_per_s=1e9, bytes_per_s=1e9, weight_bits=0)
+    with pytest.raises(ValueError, match="batch"):
+        estimate_decode(Config.tiny(), 10, flops_per_s=1e9, bytes_per_s=1e9, batch=0)
