@@ -238,28 +238,6 @@ def _roofline_point(model: torch.nn.Module, batch: int, step: float, context: in
     return BatchPoint(batch, step, predicted, context)
 
 
-def batch_throughput(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_new: int, *,
-                     bandwidth: float, flops_per_s: float, progress: bool = True) -> list[BatchPoint]:
-    """Decode ``n_new`` tokens for ``b`` copies of ``prompt`` for each ``b`` of ``batch_sizes``
-    (one :func:`kvlib.generate_batch` each, after a short warm-up) and set the median
-    one-token step beside the roofline's prediction from this machine's measured
-    ``bandwidth`` (bytes/s) and dense ``flops_per_s``, at the mean context of the run."""
-    from ..serve import generate_batch
-
-    items = batch_sizes
-    if progress:
-        from tqdm.auto import tqdm
-        items = tqdm(batch_sizes, desc="batch sizes", unit="batch")
-    points = []
-    for b in items:
-        generate_batch(model, [list(prompt)] * b, 2)                          # warm-up at this shape
-        out = generate_batch(model, [list(prompt)] * b, n_new)
-        step = statistics.median(r.seconds for r in out[0].records[1:])
-        points.append(_roofline_point(model, b, step, len(prompt) + n_new // 2,
-                                      bandwidth=bandwidth, flops_per_s=flops_per_s))
-    return points
-
-
 def _prefilled(model: torch.nn.Module, prompt: Sequence[int]) -> tuple[KVCache, torch.Tensor]:
     """One row's cache holding ``prompt``, and the token it chooses next ``(1, 1)``."""
     one = KVCache.for_model(model, max_len=len(prompt))

@@ -74,7 +74,7 @@ def batch_size_widget(points: Sequence[BatchPoint], *, start: int = 0, interval:
 
     points = list(points)
     if not points:
-        raise ValueError("no points: measure at least one batch size (kvlib.measure.experiments.batch_throughput)")
+        raise ValueError("no points: measure at least one batch size (kvlib.measure.experiments.steps_at_context)")
     views = [render_batch_view(points, i) for i in range(len(points))]
     play, slider, stack, links = slider_stack([f"batch {p.batch}" for p in points], views, "batch size", start, interval)
     box = widget_box([widgets.HBox([play, slider]), stack], f"batch_size_widget({len(points)} batch sizes, "

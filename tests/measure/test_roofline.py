@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
@@ -105,3 +107,53 @@ def test_estimate_rejects_bad_input():
         estimate_decode(Config.tiny(), 10, flops_per_s=1e9, bytes_per_s=1e9, weight_bits=0)
     with pytest.raises(ValueError, match="batch"):
         estimate_decode(Config.tiny(), 10, flops_per_s=1e9, bytes_per_s=1e9, batch=0)
+
+
+# --- the measurements beside the roofline, on a tiny model -----------------------------------------
+
+def test_steps_at_context_times_every_batch_beside_the_formula():
+    from kvlib.cache import kv_bytes_per_token
+    from kvlib.measure.experiments import steps_at_context
+    from kvlib.measure.flops import step_flops
+    from tests.tiny_models import tiny_model
+
+    model, prompt = tiny_model(), list(range(1, 21))
+    points = steps_at_context(model, prompt, [1, 3], n_steps=4, bandwidth=1e9, flops_per_s=1e9, progress=False)
+    assert [p.batch for p in points] == [1, 3] and all(p.step_seconds > 0 for p in points)
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    context = len(prompt) + 2                                        # the middle of four steps
+    for p in points:
+        assert p.context == context
+        assert p.roofline_seconds == pytest.approx(decode_step_seconds(
+            p.batch, weight_bytes=weights, flops_per_token=step_flops(model.config, context, 1).total,
+            cache_bytes_per_row=context * kv_bytes_per_token(model.config), flops_per_s=1e9, bytes_per_s=1e9))
+    with pytest.raises(ValueError, match="n_steps must be at least 2"):
+        steps_at_context(model, prompt, [1], n_steps=1, bandwidth=1e9, flops_per_s=1e9)
+
+
+def test_steps_at_context_decodes_what_generate_decodes():
+    """The rows hold the prompt's real cache: the tokens the timed steps choose are generate's."""
+    import kvlib
+    from kvlib.measure.experiments import _prefilled, _tiled
+    from tests.tiny_models import tiny_model
+
+    model, prompt = tiny_model(), [5, 9, 2, 33, 7, 1]
+    one, ids = _prefilled(model, prompt)
+    cache, ids, chosen = _tiled(model, one, 2, 3), ids.repeat(2, 1), []
+    with torch.no_grad():
+        for _ in range(3):
+            chosen.append(ids[:, 0].tolist())
+            ids = model(ids, cache, last_only=True).argmax(-1)
+    want = list(kvlib.generate(model, prompt, 3))
+    assert [row[0] for row in chosen] == want and [row[1] for row in chosen] == want
+
+
+def test_step_profile_splits_a_step_into_its_operators():
+    from kvlib.measure.experiments import STEP_PARTS, step_profile
+    from tests.tiny_models import tiny_model
+
+    profile = step_profile(tiny_model(), list(range(1, 11)), [1, 2], n_steps=2)
+    assert list(profile) == [1, 2]
+    for parts in profile.values():
+        assert list(parts) == [*STEP_PARTS, "other operators"]
+        assert parts["matrix products"] > 0 and parts["attention"] > 0 and parts["other operators"] >= 0
