@@ -36,7 +36,7 @@ from .roofline import REFERENCE_ACCELERATORS, Accelerator, decode_knee, decode_s
 from .speculation import tokens_per_step
 from .timing import fmt_seconds
 
-__all__ = ["Lever", "LEVERS", "WEIGHT_FORMAT", "WEIGHT_BITS", "cache_bits", "Scenario", "LeverRow", "levers",
+__all__ = ["Lever", "LEVERS", "ROOFLINE_SECTIONS", "WEIGHT_FORMAT", "WEIGHT_BITS", "cache_bits", "Scenario", "LeverRow", "levers",
            "scenario_notes", "measured_machine", "format_levers", "fmt_gb"]
 
 
@@ -59,7 +59,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("e", "+ prefix reuse", 9, "09_reusing_the_cache"),
     Lever("f", "+ speculative decoding", 10, "10_speculative_decoding"),
 )
-ROOFLINE_SECTIONS = (4, 7)          # where the step time and its bound come from (every row)
+ROOFLINE_SECTIONS = ((4, "04_quadratic_versus_linear"), (7, "07_batching"))   # the step time and its bound (every row)
 
 WEIGHT_FORMAT = "4-bit integers in groups of 32, each group with a 16-bit scale and a 16-bit zero (the model file's Q4_1)"
 WEIGHT_BITS = bits_per_weight(4, 32, scale_bits=16, zero_bits=16)          # 5.0 bits per weight
@@ -212,7 +212,7 @@ def measured_machine(memory_bytes: int, *, name: str = "this machine") -> Accele
                        f"a sum over a large buffer); memory: a budget of {memory_bytes / 1e9:g} GB")
 
 
-def fmtfmt_gb(n: float) -> str:
+def fmt_gb(n: float) -> str:
     """Bytes in decimal units, as memory is sold: ``16.06 GB``, ``12.6 MB``."""
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
