@@ -164,11 +164,13 @@ bench: setup model
 lab: setup
 	$(VENV)/bin/jupyter lab chapters/
 
-## notebooks: (authors) re-execute every notebook in place so the stored outputs are current.
+## notebooks: (authors) re-execute every notebook in place so the stored outputs are current,
+## each from an empty compile cache (its stored run time is a first run's).
 notebooks: setup model
-	@for nb in $(NOTEBOOKS); do echo "executing $$nb"; \
-	  $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	    --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.store_widget_state=True $$nb || exit 1; done
+	@for nb in $(NOTEBOOKS); do echo "executing $$nb"; inductor=$$(mktemp -d); \
+	  TORCHINDUCTOR_CACHE_DIR=$$inductor $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.store_widget_state=True $$nb || exit 1; \
+	  rm -rf $$inductor; done
 
 clean:
 	rm -rf _build

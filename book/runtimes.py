@@ -3,9 +3,12 @@
 ``make notebooks`` executes every notebook with nbclient, which records in each code cell's
 metadata when the cell started (``iopub.execute_input``) and when it finished
 (``shell.execute_reply``). The sum over a notebook's cells is the time it took to run top to
-bottom, on the machine that last executed it. This extension reads those times when the
-book is built and offers them to the pages as MyST substitutions: ``{{ runtime_05 }}`` is
-the run time of ``chapters/05_*.ipynb`` (``"2 min 31 s"``). No number is typed by hand.
+bottom, on the machine that last executed it. ``make notebooks`` runs each notebook with an
+empty compile cache, so a stored run is a first run: it includes torch.compile's first
+compile, which a second run on the same machine finds in its cache. This extension reads
+those times when the book is built and offers them to the pages as MyST substitutions:
+``{{ runtime_05 }}`` is the run time of ``chapters/05_*.ipynb`` (``"2 min 31 s"``), and
+``{{ compile_05 }}`` the part of it its compiling cells took. No number is typed by hand.
 
 Listed in ``_config.yml`` under ``sphinx: local_extensions``.
 """
@@ -27,15 +30,31 @@ def notebook_seconds(path: Path) -> float:
     are left out. Raises ``ValueError`` when a cell that ran holds no timing (it was not run
     by nbclient).
     """
-    total = 0.0
+    return sum(seconds for _, seconds in _cell_seconds(path))
+
+
+def _cell_seconds(path: Path) -> list[tuple[dict, float]]:
+    """Each code cell that ran, with its stored seconds."""
+    out = []
     for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
         if cell["cell_type"] != "code" or cell.get("execution_count") is None:
             continue
         timing = cell.get("metadata", {}).get("execution", {})
         if "iopub.execute_input" not in timing or "shell.execute_reply" not in timing:
             raise ValueError(f"{path.name}: code cell {i} has no execution times; run `make notebooks`")
-        total += (_stamp(timing["shell.execute_reply"]) - _stamp(timing["iopub.execute_input"])).total_seconds()
-    return total
+        out.append((cell, (_stamp(timing["shell.execute_reply"]) - _stamp(timing["iopub.execute_input"])).total_seconds()))
+    return out
+
+
+def _compiles(cell: dict) -> bool:
+    source = "".join(cell["source"])
+    return "compile=True" in source or "compare_compiled(" in source
+
+
+def compile_seconds(path: Path) -> float:
+    """Seconds the stored run spent in the notebook's cells that compile with torch.compile
+    (a first compile: ``make notebooks`` starts every notebook with an empty compile cache)."""
+    return sum(seconds for cell, seconds in _cell_seconds(path) if _compiles(cell))
 
 
 def fmt_runtime(seconds: float) -> str:
@@ -47,37 +66,34 @@ def fmt_runtime(seconds: float) -> str:
 
 
 def runtimes(chapters: Path) -> dict[str, str]:
-    """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``."""
+    """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``, and
+    ``compile_NN`` for those that compile."""
     found = {}
     for path in sorted(chapters.glob("[0-9][0-9]_*.ipynb")):
         found[f"runtime_{path.name[:2]}"] = fmt_runtime(notebook_seconds(path))
+        if compiles(path):
+            found[f"compile_{path.name[:2]}"] = fmt_runtime(compile_seconds(path))
     return found
-
-
-COLD_COMPILE_SECONDS = 120.0    # torch.compile's first compile in a run of its own (another thread count, a new machine)
 
 
 def compiles(path: Path) -> bool:
     """Whether a code cell of the notebook at ``path`` compiles with torch.compile."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return any("compile=True" in "".join(c["source"]) or "compare_compiled(" in "".join(c["source"])
-               for c in cells if c["cell_type"] == "code")
+    return any(_compiles(c) for c in cells if c["cell_type"] == "code")
 
 
 def _weight(path: Path) -> float:
-    """The stored run time, plus a first compile for a notebook that compiles; 60 s without times."""
+    """The stored run time (a first run, compile included); 60 s for a notebook without times."""
     try:
-        stored = notebook_seconds(path)
+        return notebook_seconds(path)
     except (ValueError, KeyError):
-        stored = 60.0
-    return stored + (COLD_COMPILE_SECONDS if compiles(path) else 0.0)
+        return 60.0
 
 
 def halves(paths: list[Path]) -> tuple[list[Path], list[Path]]:
     """Split notebooks into two lists of about the same run time (longest first, each to the
-    lighter list), for two runs side by side: the stored run time, plus a first compile for a
-    notebook that compiles (the stored run reused its compiled code; the runs side by side, on
-    another thread count, compile afresh). A notebook without stored times counts 60 s."""
+    lighter list), for two runs side by side, by their stored run times (first runs, a first
+    compile included). A notebook without stored times counts 60 s."""
     bins: tuple[list[Path], list[Path]] = ([], [])
     load = [0.0, 0.0]
     for path in sorted(paths, key=_weight, reverse=True):

@@ -46,23 +46,29 @@ def test_every_runtime_the_landing_page_names_is_computed():
     found = runtimes.runtimes(ROOT / "chapters")
     wanted = set(re.findall(r"\{\{\s*(runtime_\d\d)\s*\}\}", (ROOT / "chapters" / "index.md").read_text()))
     sections = {f"runtime_{p.name[:2]}" for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")}
-    assert wanted == sections == set(found)
+    assert wanted == sections == {k for k in found if k.startswith("runtime_")}
     assert all(re.fullmatch(r"\d+ s|\d+ min \d+ s", v) for v in found.values())
+    compiled = set(re.findall(r"\{\{\s*(compile_\d\d)\s*\}\}", (ROOT / "chapters" / "index.md").read_text()))
+    assert compiled == {k for k in found if k.startswith("compile_")} == {"compile_05"}
 
 
-def test_the_halves_split_the_notebooks_and_weigh_a_first_compile(tmp_path):
+def test_the_halves_split_the_notebooks_by_their_first_runs(tmp_path):
     """make test's runs side by side: two halves of about the same run time; a notebook that
-    compiles counts its first compile, which the stored run did not pay."""
+    compiles is weighed by its stored run, a first run that compiled (make notebooks empties
+    the compile cache), and its compiling cells' time is offered to the landing page."""
     def notebook(name, seconds, source="x = 1"):
-        end = f"2026-11-29T15:16:{27 + seconds:02d}.000000Z" if seconds < 30 else "2026-11-29T15:16:57.000000Z"
+        end = f"2026-11-29T15:{16 + (27 + seconds) // 60:02d}:{(27 + seconds) % 60:02d}.000000Z"
         cell = _code("2026-11-29T15:16:27.000000Z", end) | {"source": [source]}
         path = tmp_path / name
-        path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        path.write_text(json.dumps({"cells": [cell, _code("2026-11-29T15:20:00.000000Z", "2026-11-29T15:20:05.000000Z")],
+                                    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
         return path
 
-    compiling = notebook("05_x.ipynb", 20, "generate(model, ids, 4, compile=True)")
+    compiling = notebook("05_x.ipynb", 80, "generate(model, ids, 4, compile=True)")
     others = [notebook(f"0{i}_x.ipynb", 25) for i in (1, 2, 3)]
     first, second = runtimes.halves([compiling, *others])
     assert runtimes.compiles(compiling) and not runtimes.compiles(others[0])
-    assert first == [compiling] and second == sorted(others)          # 20 s + a compile outweighs 3 × 25 s
-    assert sorted(first + second) == sorted([compiling, *others])
+    assert first == [compiling] and second == sorted(others)          # 85 s against 3 × 30 s
+    assert runtimes.compile_seconds(compiling) == pytest.approx(80) and runtimes.compile_seconds(others[0]) == 0
+    found = runtimes.runtimes(tmp_path)
+    assert found["compile_05"] == "1 min 20 s" and "compile_01" not in found and found["runtime_05"] == "1 min 25 s"
