@@ -2,7 +2,8 @@
 
 - :mod:`.formats`: int8 per channel, int4 per group, packing, llama.cpp's Q4_1 blocks;
 - :mod:`.linear`: :class:`Int8Linear` and :class:`Int4Linear`, on PyTorch's weight-only kernels;
-- :mod:`.model`: :func:`quantize` a decoder.
+- :mod:`.model`: :func:`quantize` a decoder;
+- :mod:`.requantize`: :func:`requantize`, weights rounded again to another grid (what a grid costs).
 
 What they cost in quality is measured by :mod:`kvlib.measure.quality`; the model file's own
 4-bit blocks are loaded by :func:`kvlib.smollm2.load_q4_1_decoder`.
@@ -10,11 +11,14 @@ What they cost in quality is measured by :mod:`kvlib.measure.quality`; the model
 from __future__ import annotations
 
 from .formats import (bits_per_weight, dequantize_int4_groups, dequantize_int8_rows, pack_int4, q4_1_as_int4_groups,
-                      q4_1_blocks, quantize_int4_groups, quantize_int8_rows, quantize_symmetric, unpack_int4)
+                      q4_1_blocks, quantize_asymmetric, quantize_int4_groups, quantize_int8_rows, quantize_symmetric,
+                      unpack_int4)
 from .linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 from .model import SCHEMES, is_quantized, linear_layers, quantize
+from .requantize import GRIDS, Grid, gguf_round_trip, requantize, requantized_weight
 
 __all__ = ["quantize", "Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "SCHEMES",
            "is_quantized", "linear_layers", "quantize_int8_rows", "dequantize_int8_rows",
-           "quantize_int4_groups", "dequantize_int4_groups", "quantize_symmetric", "pack_int4", "unpack_int4",
-           "bits_per_weight", "q4_1_blocks", "q4_1_as_int4_groups"]
+           "quantize_int4_groups", "dequantize_int4_groups", "quantize_symmetric", "quantize_asymmetric", "pack_int4", "unpack_int4",
+           "bits_per_weight", "q4_1_blocks", "q4_1_as_int4_groups", "GRIDS", "Grid", "gguf_round_trip",
+           "requantize", "requantized_weight"]

@@ -25,7 +25,7 @@ from ..checks import positive_int
 from ..rounding import asymmetric_range, fake_quantize, from_grid, symmetric_scale, to_grid
 
 __all__ = ["quantize_int8_rows", "dequantize_int8_rows", "quantize_int4_groups", "dequantize_int4_groups",
-           "quantize_symmetric", "pack_int4", "unpack_int4", "bits_per_weight", "Q4_1_BLOCK", "Q8_0_BLOCK",
+           "quantize_symmetric", "quantize_asymmetric", "pack_int4", "unpack_int4", "bits_per_weight", "Q4_1_BLOCK", "Q8_0_BLOCK",
            "q4_1_blocks", "q4_1_as_int4_groups"]
 
 Q4_1_BLOCK = 32          # weights per block: 2 float16 (d, m) + 16 bytes of nibbles = 20 bytes
@@ -75,6 +75,14 @@ def quantize_symmetric(w: torch.Tensor, bits: int, group_size: int | None = None
     if axis == "channel":
         return fake_quantize(w, bits, 1)
     return fake_quantize(_groups(w, group_size or 32), bits, -1).reshape(w.shape)
+
+
+def quantize_asymmetric(w: torch.Tensor, bits: int, group_size: int = 32) -> torch.Tensor:
+    """``w`` ``(out, in)`` rounded to ``bits``-bit asymmetric integers (``0 .. 2^bits - 1``, from each
+    group's minimum to its maximum) in groups of ``group_size`` inputs, and back: any width, where
+    :func:`quantize_int4_groups` is the 4-bit one with its integers kept. Off by at most half a step."""
+    positive_int("bits", bits)
+    return fake_quantize(_groups(w.float(), group_size), bits, -1, symmetric=False).reshape(w.shape)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
