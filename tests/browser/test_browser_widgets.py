@@ -145,3 +145,41 @@ def test_slider_shows_the_stored_view_of_each_position(book, case):
     suffix = f"--view{case.view_index}-slider{case.slider_index}"
     book.screenshot(screenshot_name(case.page, suffix), locator=area)
     book.assert_clean()
+
+
+LEVERS_PAGES = [p for p in WIDGET_PAGES if "the_levers_together" in p]
+
+# The index of the widget view that holds dropdowns (the levers widget).
+DROPDOWN_VIEW_JS = f"""() => Array.from(document.querySelectorAll('script[type="{VIEW_MIME}"]'))
+  .findIndex(s => s.previousElementSibling && s.previousElementSibling.querySelector('select'))"""
+
+
+@_params(LEVERS_PAGES)
+def test_the_levers_widget_shows_the_table_its_controls_choose(book, name):
+    """Section 11 in the static page: the model and machine dropdowns, the users buttons and the
+    context slider pick, with no kernel, the table kvlib computes for that scenario."""
+    from kvlib.measure.levers import Scenario
+    from kvlib.widgets.levers import SHARED_PREFIX, render_levers_view
+
+    book.open(name)
+    index = book.page.evaluate(DROPDOWN_VIEW_JS)
+    assert index >= 0, f"{name}: no widget with dropdowns"
+    area = _view_area(book, index)
+    for choice in [("Llama-3-70B", "NVIDIA GeForce RTX 4090", 1), ("Llama-2-7B", "NVIDIA A100 SXM 80GB", 128)]:
+        model, machine, users = choice
+        area.locator("select").nth(0).select_option(label=model)
+        area.locator("select").nth(1).select_option(label=machine)
+        area.locator(".widget-toggle-buttons button").filter(has_text=f"{users:,}").first.click()
+        area.locator(".noUi-handle").first.focus()
+        area.locator(".noUi-handle").first.press("Home")                  # the first context: 2,048 tokens
+        html = render_levers_view(Scenario(model, machine, users, 2048, shared_prefix=SHARED_PREFIX))
+        expected = book.page.evaluate(TEXT_OF_HTML_JS, [html])[0]
+        shown = []
+        for _ in range(50):                                                 # the view changes in the next frames
+            shown = book.page.evaluate(SHOWN_JS, [index])["texts"]
+            if expected in shown:
+                break
+            book.page.wait_for_timeout(100)
+        assert expected in shown, f"{name}: after choosing {choice}, the widget shows {[t[:80] for t in shown]}"
+    assert "no user fits" in render_levers_view(Scenario("Llama-3-70B", "NVIDIA GeForce RTX 4090", 1, 2048))
+    book.assert_clean()
