@@ -4,7 +4,10 @@ rounded cache does to the next-token predictions over a text. Notebooks call the
 cells stay short."""
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -288,6 +291,21 @@ def steps_at_context(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
     return points
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The process's standard error (file descriptor 2) sent nowhere: PyTorch's profiler prints
+    a line there, from C++, each time it starts and stops, with a time stamp in it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
                                   "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"),
               "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -310,7 +328,7 @@ def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Seq
         cache, ids = _tiled(model, one, b, n_steps + 1), first.repeat(b, 1)
         with torch.no_grad():
             ids = model(ids, cache, last_only=True).argmax(-1)                                   # warm-up
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(n_steps):
                     ids = model(ids, cache, last_only=True).argmax(-1)
         events = prof.key_averages()

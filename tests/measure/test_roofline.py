@@ -157,3 +157,13 @@ def test_step_profile_splits_a_step_into_its_operators():
     for parts in profile.values():
         assert list(parts) == [*STEP_PARTS, "other operators"]
         assert parts["matrix products"] > 0 and parts["attention"] > 0 and parts["other operators"] >= 0
+
+
+def test_step_profile_prints_nothing_to_stderr(capfd):
+    """The profiler's own start and stop lines (stamped with the time) would differ on every run
+    of a notebook: step_profile keeps them out of its cell's output."""
+    from kvlib.measure.experiments import step_profile
+    from tests.tiny_models import tiny_model
+
+    step_profile(tiny_model(), list(range(1, 6)), [1], n_steps=2)
+    assert "profiler" not in capfd.readouterr().err
