@@ -167,11 +167,15 @@ def test_the_levers_widget_shows_the_table_its_controls_choose(book, name):
     area = _view_area(book, index)
     for choice in [("Llama-3-70B", "NVIDIA GeForce RTX 4090", 1), ("Llama-2-7B", "NVIDIA A100 SXM 80GB", 128)]:
         model, machine, users = choice
-        area.locator("select").nth(0).select_option(label=model)
-        area.locator("select").nth(1).select_option(label=machine)
-        area.locator(".widget-toggle-buttons button").filter(has_text=f"{users:,}").first.click()
-        area.locator(".noUi-handle").first.focus()
-        area.locator(".noUi-handle").first.press("Home")                  # the first context: 2,048 tokens
+        # One control at a time, at a reader's pace: ipywidgets' HTML manager can log a TypeError when
+        # a Stack is switched again within the frames that attach the view it just showed.
+        for act in (lambda: area.locator("select").nth(0).select_option(label=model),
+                    lambda: area.locator("select").nth(1).select_option(label=machine),
+                    lambda: area.locator(".widget-toggle-buttons button").filter(has_text=f"{users:,}").first.click(),
+                    lambda: area.locator(".noUi-handle").first.focus(),
+                    lambda: area.locator(".noUi-handle").first.press("Home")):   # the first context: 2,048 tokens
+            act()
+            book.page.wait_for_timeout(300)
         html = render_levers_view(Scenario(model, machine, users, 2048, shared_prefix=SHARED_PREFIX))
         expected = book.page.evaluate(TEXT_OF_HTML_JS, [html])[0]
         shown = []
