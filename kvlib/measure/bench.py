@@ -97,6 +97,14 @@ def _time_peer(llm, prompt, n_new, repeats) -> Row:
                statistics.median(r.prefill_seconds for r in runs))
 
 
+def best_peer_setting(tried: dict) -> tuple:
+    """Of llama.cpp's settings ``{flash_attn: (llm, Row)}``, the one whose decode step is the
+    shortest: ``(flash_attn, (llm, Row))``. The peer is compared at its best on this machine."""
+    if not tried:
+        raise ValueError("no llama.cpp setting was timed")
+    return min(tried.items(), key=lambda item: item[1][1].decode_step_seconds)
+
+
 def _time_transformers(hf_model, prompt, n_new, use_cache, repeats) -> Row:
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -220,6 +228,7 @@ class _Run:
         self.quality: dict[str, dict[str, float]] = {}
         self.peer_missing: str | None = None
         self.peer_version: str | None = None
+        self.peer_setting: dict | None = None
         self.llm: Any = None
         self.batched_rows: list = []
 
@@ -313,9 +322,16 @@ class _Run:
         from .peer import open_llama_cpp
 
         self.peer_version = getattr(llama_cpp, "__version__", "?")
-        self.say(f"timing llama.cpp (llama-cpp-python {self.peer_version}) on the same file ({self.repeats} runs) ...")
-        self.llm = open_llama_cpp(self.path, torch.get_num_threads())
-        self.rows.append(_time_peer(self.llm, self.prompt, self.n_new, self.repeats))
+        tried = {}
+        for flash in (False, True):
+            self.say(f"timing llama.cpp (llama-cpp-python {self.peer_version}), flash attention "
+                     f"{'on' if flash else 'off'}, on the same file ({self.repeats} runs) ...")
+            llm = open_llama_cpp(self.path, torch.get_num_threads(), flash_attn=flash)
+            tried[flash] = (llm, _time_peer(llm, self.prompt, self.n_new, self.repeats))
+        flash, (self.llm, row) = best_peer_setting(tried)
+        self.peer_setting = {"flash_attn": flash, "decode_step_seconds": {
+            ("on" if f else "off"): r.decode_step_seconds for f, (_, r) in tried.items()}}
+        self.rows.append(row)
 
     def time_batched(self) -> None:
         """Batched decode at each batch size: kvlib float32, the fast path when held, llama.cpp when timed."""
@@ -362,7 +378,8 @@ class _Run:
                          "decode_step_ms": 1e3 * by[Impl("kvlib", True, format=name)].decode_step_seconds}
                         for name, (nbytes, seconds) in self.format_floors.items()],
             "fastest_kvlib": fastest.impl.label,
-            "peer": {"name": "llama.cpp", "version": self.peer_version, "missing": self.peer_missing},
+            "peer": {"name": "llama.cpp", "version": self.peer_version, "missing": self.peer_missing,
+                     "setting": self.peer_setting},
             "ratios": ratios,
             "profile": self.prof,
             "profile_fast": self.prof_fast,

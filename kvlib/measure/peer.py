@@ -50,12 +50,13 @@ def llama_cpp_missing() -> str | None:
             "(it needs cmake and a C++ compiler, and takes a few minutes once; pip keeps the wheel)")
 
 
-def open_llama_cpp(path: str | Path, threads: int, n_ctx: int = 2048) -> Any:
-    """The GGUF file at ``path`` in llama.cpp, with ``threads`` threads for prefill and decode alike."""
+def open_llama_cpp(path: str | Path, threads: int, n_ctx: int = 2048, *, flash_attn: bool = False) -> Any:
+    """The GGUF file at ``path`` in llama.cpp, with ``threads`` threads for prefill and decode alike,
+    and its flash-attention kernel on or off (which is faster depends on the machine)."""
     from llama_cpp import Llama
 
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 n_batch=512, verbose=False)
+                 n_batch=512, flash_attn=flash_attn, verbose=False)
 
 
 def greedy_run(llm: Any, prompt: Sequence[int], n_new: int, *,
@@ -95,7 +96,8 @@ def batched_greedy_run(llm: Any, prompts: Sequence[Sequence[int]], n_new: int, *
     llama.cpp's low-level batch API (what its ``llama-batched-bench`` measures).
 
     ``llm`` is a ``llama_cpp.Llama``: its weights are reused, in a context of its own with one
-    sequence per prompt (each with its own positions and cache cells, ``kv_unified`` off).
+    sequence per prompt (each with its own positions and cache cells, ``kv_unified`` off) and
+    ``llm``'s flash-attention setting.
     The prompts are prefilled in chunks of up to 512 tokens; then every step feeds one token
     per sequence, and the next tokens are the argmax of each sequence's logits.
     """
@@ -136,6 +138,7 @@ def _batched_context(lc: Any, llm: Any, prompts: Sequence[Sequence[int]], n_new:
     params.n_seq_max = n_seq
     params.kv_unified = False
     params.n_threads = params.n_threads_batch = llm.n_threads
+    params.flash_attn_type = llm.context_params.flash_attn_type   # llm's setting, not llama.cpp's "auto"
     ctx = lc.llama_init_from_model(llm.model, params)
     if not ctx:
         raise RuntimeError(f"llama.cpp could not make a context for {n_seq} sequences of {params.n_ctx} cells in all")

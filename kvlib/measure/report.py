@@ -96,8 +96,17 @@ def _peer(result: dict) -> list[str]:
     if peer:
         return ["", f"llama.cpp: llama-cpp-python {peer['version']}, its vendored llama.cpp, on the same GGUF "
                     "file (Q4_1 layers, a Q8_0 embedding), with the same threads, greedy, its own KV cache "
-                    "reset before every run."]
+                    "reset before every run." + _peer_setting(peer.get("setting"))]
     return []
+
+
+def _peer_setting(setting: dict | None) -> str:
+    """Which flash-attention setting the peer's rows use, and the decode step of each tried."""
+    if not setting:
+        return ""
+    steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in setting["decode_step_seconds"].items())
+    return (f" Its rows use flash attention {'on' if setting['flash_attn'] else 'off'}, the faster of the two "
+            f"on this machine (decode step: {steps}).")
 
 
 def _bandwidth(result: dict) -> list[str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvlib.measure.bench import Impl, _time_peer, to_markdown
+from kvlib.measure.bench import Impl, _time_peer, best_peer_setting, to_markdown
 from kvlib.measure.peer import first_difference, greedy_run, llama_cpp_missing
 from kvlib.measure.hardware import machine_description, memory_bandwidth
 
@@ -172,6 +172,28 @@ def test_peer_row_from_fake_runs(monkeypatch):
     assert row.prefill_seconds == pytest.approx(0.4) and row.decode_step_seconds == pytest.approx(0.02)
     assert row.seconds == pytest.approx([0.48] * 3)
     assert row.impl.label == "llama.cpp, with cache, Q4_1 file"
+
+
+def test_the_peer_is_compared_at_its_best_setting(monkeypatch):
+    """llama.cpp is timed with flash attention off and on; its rows are the faster setting's,
+    whichever it is, and the report says which and what each decode step took."""
+    import kvlib.measure.peer as peer
+
+    clock = Clock()
+    monkeypatch.setattr(peer.time, "perf_counter", clock)
+    for off_step, on_step, want in [(0.015, 0.023, False), (0.030, 0.020, True)]:
+        tried = {False: ("llm off", _time_peer(FakeLlama(clock, step=off_step), [1, 2], 5, repeats=3)),
+                 True: ("llm on", _time_peer(FakeLlama(clock, step=on_step), [1, 2], 5, repeats=3))}
+        flash, (llm, row) = best_peer_setting(tried)
+        assert flash is want and llm == ("llm on" if want else "llm off")
+        assert row.decode_step_seconds == pytest.approx(min(off_step, on_step))
+    with pytest.raises(ValueError, match="no llama.cpp setting"):
+        best_peer_setting({})
+    result = _result()
+    result["peer"] = {"name": "llama.cpp", "version": "0.3.36", "missing": None,
+                      "setting": {"flash_attn": False, "decode_step_seconds": {"off": 0.015, "on": 0.023}}}
+    assert ("Its rows use flash attention off, the faster of the two on this machine (decode step: off 15.0 ms, "
+            "on 23.0 ms).") in to_markdown(result)
 
 
 def test_first_difference():

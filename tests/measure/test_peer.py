@@ -28,8 +28,11 @@ def test_llama_cpp_reads_the_same_file_and_tokens_as_kvlib():
     assert sum(t == row[0] for t, row in zip(run.tokens, top5.tolist())) >= 12
 
 
-def test_batched_llama_cpp_decodes_every_sequence_as_alone():
-    """The batch API run: one sequence gives greedy_run's first tokens (the two paths may
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_batched_llama_cpp_decodes_every_sequence_as_alone(flash_attn):
+    """The batch API run, with the same flash-attention setting as the Llama it is given (not
+    llama.cpp's "auto", which chose another kernel and parted from greedy_run at the second token
+    with flash attention off): one sequence gives greedy_run's first tokens (the two paths may
     round differently, so only until a near-tie could go either way); identical prompts in one
     batch give identical rows; every row's tokens are timed step by step."""
     from kvlib import load_smollm2, smollm2_path
@@ -38,7 +41,7 @@ def test_batched_llama_cpp_decodes_every_sequence_as_alone():
 
     _, tokenizer = load_smollm2()
     prompt = demo_prompt(tokenizer)
-    llm = open_llama_cpp(smollm2_path(), threads=torch.get_num_threads())
+    llm = open_llama_cpp(smollm2_path(), threads=torch.get_num_threads(), flash_attn=flash_attn)
     alone = greedy_run(llm, prompt, 6).tokens
     one = batched_greedy_run(llm, [prompt], 6)
     assert one.tokens[0][:4] == alone[:4] and len(one.step_seconds) == 5
