@@ -17,7 +17,7 @@ from ..cache.base import KVCache
 from ..clock import Stopwatch
 from ..generate import Generation, generate
 from .memory import peak_memory
-from .roofline import decode_step_seconds
+from .roofline import decode_step_seconds, row_cost
 
 @dataclass
 class SpeedComparison:
@@ -229,14 +229,9 @@ class BatchPoint:
 def _roofline_point(model: torch.nn.Module, batch: int, step: float, context: int, *, bandwidth: float,
                     flops_per_s: float) -> BatchPoint:
     """A measured step beside the roofline's time for ``batch`` rows at ``context`` tokens."""
-    from ..cache.sizes import kv_bytes_per_token
-    from .flops import step_flops
-
-    p = next(model.parameters())
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     predicted = decode_step_seconds(batch, weight_bytes=weights,
-                                    flops_per_token=step_flops(model.config, context, 1).total,
-                                    cache_bytes_per_row=context * kv_bytes_per_token(model.config, p.dtype),
+                                    **row_cost(model.config, context, next(model.parameters()).dtype),
                                     flops_per_s=flops_per_s, bytes_per_s=bandwidth)
     return BatchPoint(batch, step, predicted, context)
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from ..cache.sizes import kv_bytes_per_token
 from ..checks import non_negative_int, positive_int
 from ..config import Config
 from .flops import step_flops
 
-__all__ = ["roofline_seconds", "decode_step_seconds", "decode_knee", "throughput_ceiling", "Accelerator",
+__all__ = ["roofline_seconds", "row_cost", "decode_step_seconds", "decode_knee", "throughput_ceiling", "Accelerator",
            "REFERENCE_ACCELERATORS", "DecodeEstimate", "estimate_decode"]
 
 
@@ -39,6 +41,15 @@ def roofline_seconds(flops: float, nbytes: float, flops_per_s: float, bytes_per_
     """The roofline model's time for work of ``flops`` FLOPs that must read ``nbytes`` bytes:
     whichever of arithmetic and memory takes longer (Williams, Waterman and Patterson, 2009)."""
     return max(flops / _positive("flops_per_s", flops_per_s), nbytes / _positive("bytes_per_s", bytes_per_s))
+
+
+def row_cost(config: Config, context: int, cache_dtype: torch.dtype | int = 2) -> dict[str, float]:
+    """What one row of a decode step at ``context`` tokens costs: ``flops_per_token``
+    (:func:`kvlib.measure.flops.step_flops`, one new token) and ``cache_bytes_per_row`` (its
+    cache, ``context`` × :func:`kvlib.cache.kv_bytes_per_token` in ``cache_dtype``, a dtype or
+    bytes per number), as keyword arguments for the functions below."""
+    return dict(flops_per_token=float(step_flops(config, context, 1).total),
+                cache_bytes_per_row=float(kv_bytes_per_token(config, cache_dtype) * context))
 
 
 def decode_step_seconds(batch: int, *, weight_bytes: float, flops_per_token: float, cache_bytes_per_row: float,
@@ -141,8 +152,7 @@ def estimate_decode(config: Config, n_params: int, *, flops_per_s: float, bytes_
     positive_int("batch", batch)
     machine = dict(flops_per_s=flops_per_s, bytes_per_s=bytes_per_s)
     w = n_params * _positive("weight_bits", weight_bits) / 8
-    row = dict(flops_per_token=float(step_flops(config, context, 1).total),
-               cache_bytes_per_row=float(kv_bytes_per_token(config, cache_bytes_per_number) * context))
+    row = row_cost(config, context, cache_bytes_per_number)
     return DecodeEstimate(batch=batch, context=context, weight_bytes=w, **row,
                           step_seconds=decode_step_seconds(batch, weight_bytes=w, **row, **machine),
                           knee=decode_knee(weight_bytes=w, **row, **machine),

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..model import Decoder
-from .formats import dequantize_int4_groups, quantize_asymmetric, quantize_int4_groups
+from .formats import bits_per_weight, dequantize_int4_groups, quantize_asymmetric, quantize_int4_groups
 from .model import is_quantized, linear_layers
 
 __all__ = ["Grid", "GRIDS", "gguf_round_trip", "requantized_weight", "requantize"]
@@ -61,26 +61,30 @@ def _int4(group_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 GRIDS: dict[str, Grid] = {g.name: g for g in [
-    Grid("Q8_0", 8.5, "8-bit symmetric blocks of 32, a float16 scale (gguf)", lambda w: gguf_round_trip(w, "Q8_0")),
-    Grid("Q5_1", 6.0, "5-bit blocks of 32, a float16 scale and minimum (gguf)", lambda w: gguf_round_trip(w, "Q5_1")),
-    Grid("Q4_1", 5.0, "the file's own grid, blocks aligned with its blocks (gguf)", lambda w: gguf_round_trip(w, "Q4_1")),
-    Grid("Q4_1, shifted 16", 5.0, "Q4_1 with the blocks moved 16 weights along the row (gguf)",
+    Grid("Q8_0", bits_per_weight(8, 32, 16), "8-bit symmetric blocks of 32, a float16 scale (gguf)", lambda w: gguf_round_trip(w, "Q8_0")),
+    Grid("Q5_1", bits_per_weight(5, 32, 16, 16), "5-bit blocks of 32, a float16 scale and minimum (gguf)", lambda w: gguf_round_trip(w, "Q5_1")),
+    Grid("Q4_1", bits_per_weight(4, 32, 16, 16), "the file's own grid, blocks aligned with its blocks (gguf)", lambda w: gguf_round_trip(w, "Q4_1")),
+    Grid("Q4_1, shifted 16", bits_per_weight(4, 32, 16, 16), "Q4_1 with the blocks moved 16 weights along the row (gguf)",
          lambda w: gguf_round_trip(w, "Q4_1", shift=16)),
-    Grid("Q4_0", 4.5, "4-bit symmetric blocks of 32, a float16 scale (gguf)", lambda w: gguf_round_trip(w, "Q4_0")),
-    Grid("int4, groups of 64", 4.5, "asymmetric int4, a 16-bit scale and zero per 64 weights (kvlib)", _int4(64)),
+    Grid("Q4_0", bits_per_weight(4, 32, 16), "4-bit symmetric blocks of 32, a float16 scale (gguf)", lambda w: gguf_round_trip(w, "Q4_0")),
+    Grid("int4, groups of 64", bits_per_weight(4, 64, 16, 16), "asymmetric int4, a 16-bit scale and zero per 64 weights (kvlib)", _int4(64)),
     # 128 does not divide SmolLM2's 576 inputs: 192 does (576 = 3 × 192, 1,536 = 8 × 192)
-    Grid("int4, groups of 192", 4 + 32 / 192, "asymmetric int4, a 16-bit scale and zero per 192 weights (kvlib)",
+    Grid("int4, groups of 192", bits_per_weight(4, 192, 16, 16), "asymmetric int4, a 16-bit scale and zero per 192 weights (kvlib)",
          _int4(192)),
-    Grid("3-bit, groups of 32", 4.0, "asymmetric 3-bit, a 16-bit scale and minimum per 32 weights (kvlib)",
+    Grid("3-bit, groups of 32", bits_per_weight(3, 32, 16, 16), "asymmetric 3-bit, a 16-bit scale and minimum per 32 weights (kvlib)",
          lambda w: quantize_asymmetric(w, 3, 32)),
 ]}
 
 
+def _grid(name: str) -> Grid:
+    if name not in GRIDS:
+        raise ValueError(f"unknown grid {name!r}: use one of {', '.join(map(repr, GRIDS))}")
+    return GRIDS[name]
+
+
 def requantized_weight(w: torch.Tensor, grid: str) -> torch.Tensor:
     """``w`` ``(out, in)`` rounded to the grid called ``grid`` (a key of :data:`GRIDS`) and back, float32."""
-    if grid not in GRIDS:
-        raise ValueError(f"unknown grid {grid!r}: use one of {', '.join(map(repr, GRIDS))}")
-    return GRIDS[grid].round_trip(w.detach().float()).to(torch.float32)
+    return _grid(grid).round_trip(w.detach().float()).to(torch.float32)
 
 
 def requantize(model: Decoder, grid: str) -> Decoder:
@@ -88,8 +92,7 @@ def requantize(model: Decoder, grid: str) -> Decoder:
     back (:func:`requantized_weight`), still ``nn.Linear`` in the model's dtype: what the rounding
     alone does, with the arithmetic unchanged. The embedding (also the output layer) is not
     rounded, and the copy shares it with ``model`` rather than storing it twice."""
-    if grid not in GRIDS:
-        raise ValueError(f"unknown grid {grid!r}: use one of {', '.join(map(repr, GRIDS))}")
+    _grid(grid)
     if is_quantized(model):
         raise ValueError("this model is already quantized: requantize the float model it came from")
     out = copy.deepcopy(model, memo={id(model.embed.weight): model.embed.weight})

@@ -167,3 +167,15 @@ def test_step_profile_prints_nothing_to_stderr(capfd):
 
     step_profile(tiny_model(), list(range(1, 6)), [1], n_steps=2)
     assert "profiler" not in capfd.readouterr().err
+
+
+def test_row_cost_is_the_step_and_the_cache_of_one_row():
+    from kvlib.cache import kv_bytes_per_token
+    from kvlib.config import Config
+    from kvlib.measure.flops import step_flops
+    from kvlib.measure.roofline import row_cost
+
+    cfg = Config.smollm2_135m()
+    row = row_cost(cfg, 4096, torch.float32)
+    assert row == {"flops_per_token": step_flops(cfg, 4096, 1).total, "cache_bytes_per_row": 46_080 * 4096}
+    assert row_cost(cfg, 10, 1)["cache_bytes_per_row"] == kv_bytes_per_token(cfg, 1) * 10
