@@ -11,14 +11,44 @@ same up to the order of a few float roundings, checked in ``tests/test_compiled.
 What is compiled is :meth:`kvlib.Decoder.run` itself, for one new token (as gpt-fast
 compiles its ``decode_one_token``), so any change to the forward pass reaches this path.
 The first call compiles (it takes a while, and on a CPU it needs a C++ compiler); later
-calls, also for new caches of any length, reuse the compiled code. Use it through
-``generate(..., compile=True)``.
+calls, also for new caches of any length, reuse the compiled code. What was compiled is kept
+on disk (:func:`compile_cache_dir`): a new process traces the step again but compiles nothing
+(the benchmark times both). Use it through ``generate(..., compile=True)``.
+
+In bfloat16 (the native 4-bit model) the compiled step rounds where the eager one rounds
+(``emulate_precision_casts``): Inductor would otherwise keep a fused chain of operations in
+float32 and round once at its end, which moves the logits by a few bfloat16 steps at every
+token. With it, the compiled logits are the eager ones bit for bit at almost every step; where a
+fused kernel still rounds one value differently, a logit moves by a bfloat16 step, and a greedy
+token can differ only where two logits tie at bfloat16's resolution (``tests/test_compiled.py``
+checks tiny models in float32 and in 4 bits with bfloat16 activations; ``python -m kvlib.bench``
+compares the real 4-bit model's tokens).
 """
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import torch
 
 from .cache.base import KVCache
+from .paths import cache_dir
+
+# Inductor's options for the step. emulate_precision_casts: round in bfloat16 where eager does
+# (see above). No cpp_wrapper: a C++ wrapper around the kernels saves about a millisecond a
+# step but makes the first compile several times longer (minutes more on a 2-core CPU).
+COMPILE_OPTIONS = {"emulate_precision_casts": True}
+
+
+def compile_cache_dir() -> Path:
+    """Where torch.compile keeps the code it compiles: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
+    ``torch-compile`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it sets as
+    ``TORCHINDUCTOR_CACHE_DIR`` for this process. (PyTorch's own default is a folder in the
+    system's temporary directory, which a reboot or a new Colab session empties.)"""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def compiler_missing(device: torch.device | str = "cpu") -> str | None:
@@ -72,20 +102,25 @@ def _cache_sizes_are_dynamic():
 
 
 class CompiledDecodeStep:
-    """``step(ids, cache)``: what ``model(ids, cache, last_only=True)`` returns, for one new token, compiled."""
+    """``step(ids, cache)``: what ``model(ids, cache, last_only=True)`` returns, for one new token, compiled.
+
+    ``compile_seconds``: how long the first call took (tracing, and compiling or loading the
+    compiled code from :func:`compile_cache_dir`); ``None`` before it.
+    """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        # dynamic=True: one compiled graph serves every position and every cache length.
-        # cpp_wrapper: the generated code that calls the kernels is C++ rather than Python,
-        # which makes a step cheaper still (and compiling slower).
-        self._fn = torch.compile(_decode_one_token, dynamic=True, options={"cpp_wrapper": True})
+        self.compile_seconds: float | None = None
+        compile_cache_dir()
+        # dynamic=True: one compiled graph serves every position, cache length and batch size.
+        self._fn = torch.compile(_decode_one_token, dynamic=True, options=COMPILE_OPTIONS)
 
     def __call__(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != 1:
             raise ValueError(f"the compiled step takes one new token per sequence, ids of shape (batch, 1); "
                              f"got {tuple(ids.shape)} (run the prompt through the model itself first)")
         self.model.check_input(ids, cache)
+        start = time.perf_counter()
         try:
             with _cache_sizes_are_dynamic():
                 logits = self._fn(self.model, ids, cache.positions(1), cache.end(1), cache)
@@ -94,6 +129,8 @@ class CompiledDecodeStep:
                 f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "
                 "On a CPU it needs a working C++ compiler (gcc or clang). Use compile=False "
                 "(the default) to decode without it.") from err
+        if self.compile_seconds is None:
+            self.compile_seconds = time.perf_counter() - start
         cache.advance(1)
         return logits
 

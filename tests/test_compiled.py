@@ -92,3 +92,62 @@ def test_a_failing_compiler_gives_a_clear_error(model, monkeypatch):
     monkeypatch.setattr(step, "_fn", no_compiler)
     with pytest.raises(RuntimeError, match=r"needs a working C\+\+ compiler .* compile=False"):
         step(torch.tensor([[1]]), KVCache.for_model(model, max_len=4))
+
+
+@pytest.fixture(scope="module")
+def model_4bit():
+    from kvlib.quant import quantize
+
+    torch.manual_seed(1)
+    cfg = Config(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
+    return quantize(Decoder(cfg).eval(), "int4", group_size=32)        # int4 layers, bfloat16 activations
+
+
+def test_compiled_4bit_rounds_where_eager_rounds(model_4bit):
+    """In bfloat16 the compiled step keeps eager's roundings (emulate_precision_casts): the same
+    tokens, and logits within one bfloat16 step. Without it, Inductor keeps fused chains in float32
+    and the logits move by several steps (the check below fails: see test_without_emulation...)."""
+    prompt = [3, 14, 15, 9, 26, 5, 35]
+    eager = generate(model_4bit, prompt, 16, keep_logits=True)
+    compiled = generate(model_4bit, prompt, 16, keep_logits=True, compile=True)
+    assert compiled.tokens == eager.tokens
+    assert _bf16_steps(compiled.logits, eager.logits) <= 1
+    assert len(set(eager.tokens)) > 3
+
+
+def _bf16_steps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference between ``a`` and ``b``, in bfloat16 steps of the larger magnitude."""
+    step = torch.maximum(a.abs(), b.abs()).clamp_min(1e-3) * 2.0 ** -7
+    return ((a - b).abs() / step).max().item()
+
+
+def test_without_emulation_the_4bit_logits_move_more(model_4bit):
+    """The broken copy of the option: compiled without emulate_precision_casts, the same model's
+    logits part from eager's by more than a bfloat16 step (so the test above can fail)."""
+    from kvlib.compiled import CompiledDecodeStep, _decode_one_token
+
+    prompt = [3, 14, 15, 9, 26, 5, 35]
+    eager = generate(model_4bit, prompt, 16, keep_logits=True)
+    step = CompiledDecodeStep(model_4bit)
+    step._fn = torch.compile(_decode_one_token, dynamic=True)
+    cache = KVCache.for_model(model_4bit, max_len=len(prompt) + 16)
+    with torch.no_grad():
+        model_4bit(torch.tensor([prompt]), cache, last_only=True)
+        logits = [step(torch.tensor([[t]]), cache)[0, -1].float() for t in eager.tokens[:-1]]
+    assert _bf16_steps(torch.stack(logits), eager.logits[1:]) > 1
+
+
+def test_compile_seconds_are_kept(model):
+    step = compiled_decode_step(model)
+    generate(model, [1, 2], 3, compile=True)
+    assert step.compile_seconds is not None and step.compile_seconds > 0
+
+
+def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):
+    from kvlib.compiled import compile_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    assert compile_cache_dir() == tmp_path / "torch-compile"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir() == tmp_path / "mine"           # the user's choice wins

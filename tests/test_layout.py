@@ -22,11 +22,11 @@ MODULES = sorted(p for p in ROOT.rglob("*.py"))
 # What a learner reads: the decoder at the top and the subjects it is built from. None of it imports
 # the apparatus (measuring, widgets, exercises). `kvlib.bench` is the benchmark's entry point.
 LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
-          "clock.py", "device.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
+          "clock.py", "device.py", "paths.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
 APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
 # The layers, lowest first: a unit may import its own layer and those below, never one above.
 LAYERS = [
-    {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data"},
+    {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.paths", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data"},
     {"kvlib.attention"},
     {"kvlib.cache"},
     {"kvlib.model", "kvlib.compiled"},

