@@ -98,7 +98,7 @@ def _cache_sizes_are_dynamic():
     cache length recompiles.
     """
     return torch._dynamo.config.patch(force_nn_module_property_static_shapes=False,
-                                      force_parameter_static_shapes=False)
+                                      force_parameter_static_shapes=False, specialize_float=True)
 
 
 class CompiledDecodeStep:

@@ -209,6 +209,13 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor, cache: KVCache, n_tokens:
     return torch.cat(logits)
 
 
+def compiled_step(model: torch.nn.Module, compile: bool, use_cache: bool) -> StepFn | None:
+    """The ``step_fn`` of :func:`decode` for ``compile=``: the compiled one-token step, or ``None``."""
+    if compile and not use_cache:
+        raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
+    return compiled_decode_step(model) if compile else None
+
+
 def _bar(label: str | None, total: int):
     if label is None:
         return None
@@ -257,11 +264,7 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
     if not use_cache and cache is not None:
         raise ValueError("a cache was given but use_cache=False")
-    if compile and not use_cache:
-        raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
-    step_fn = None
-    if compile:
-        step_fn = compiled_decode_step(model)
+    step_fn = compiled_step(model, compile, use_cache)
     label = ("with cache" if use_cache else "without cache") if progress else None
     (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, temperature=temperature,
                     top_k=top_k, generator=generator, stop_token=stop_token, progress=label,

@@ -23,13 +23,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x * rsqrt(mean(x²) + eps) * weight, as one fused operator (bit for bit the formula in
+        # float32): one call instead of five, in a decode step that runs two norms per layer.
         if x.dtype in (torch.float16, torch.bfloat16):
-            # Normalise in float32, as Llama does, so half-precision models stay stable.
-            xf = x.float()
-            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-            return self.weight * xf.to(x.dtype)
-        # The same formula as one fused operator (bit-for-bit equal in float32): one call
-        # instead of five, in a decode step that runs two norms per layer.
+            # Normalise in float32, round, then scale by the gain, as Llama does, so
+            # half-precision models stay stable.
+            return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 

@@ -151,3 +151,16 @@ def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):
     assert compile_cache_dir() == tmp_path / "torch-compile"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == tmp_path / "mine"           # the user's choice wins
+
+
+def test_compiled_batch_matches_eager(model):
+    from kvlib.serve import generate_batch
+
+    prompts = [[3, 14, 15], [9, 26, 5, 35, 8, 9], [2, 7]]
+    eager = generate_batch(model, prompts, 10, keep_logits=True)
+    compiled = generate_batch(model, prompts, 10, keep_logits=True, compile=True)
+    for a, b in zip(compiled, eager):
+        assert a.tokens == b.tokens
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="compile=True .* use_cache=True"):
+        generate_batch(model, prompts, 3, use_cache=False, compile=True)

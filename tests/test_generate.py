@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvlib
 from kvlib import Config, Decoder
@@ -120,3 +122,22 @@ def test_sample_is_repeatable_and_respects_top_k():
 def test_sample_rejects_bad_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         kvlib.sample(torch.zeros(5), **kwargs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 9), width=st.sampled_from([8, 64, 576]), scale=st.floats(0.01, 100.0),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 10_000))
+def test_rms_norm_is_its_formula_bit_for_bit(rows, width, scale, dtype, seed):
+    """RMSNorm runs as one fused operator; it must be the formula Llama writes out, to the bit
+    (in bfloat16: normalised in float32, rounded, then scaled by the gain)."""
+    from kvlib.model import RMSNorm
+
+    g = torch.Generator().manual_seed(seed)
+    norm = RMSNorm(width, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(width, generator=g))
+    x = (torch.randn(2, rows, width, generator=g) * scale).to(dtype)
+    xf = x.float()
+    normalised = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
+    expected = norm.weight * normalised.to(dtype) if dtype == torch.bfloat16 else normalised * norm.weight
+    assert torch.equal(norm(x), expected)

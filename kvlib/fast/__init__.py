@@ -1,4 +1,4 @@
-"""The fast path: the chapter's decoder with its matrices fused at load time.
+"""The fast path: the chapter's decoder with its matrices fused at load time, and its kernels chosen by measurement.
 
 :func:`fuse` returns a copy of a :class:`kvlib.Decoder` whose query, key and value
 projections are one matrix, and whose MLP's gate and up projections are one matrix, in
@@ -9,6 +9,17 @@ may change. The readable modules the notebooks teach are untouched.
 """
 from __future__ import annotations
 
+from ..model import Decoder
+from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 
-__all__ = ["fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears"]
+__all__ = ["fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
+           "kernel_choice", "apply_choice"]
+
+
+def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:
+    """The fast path of a native 4-bit :class:`kvlib.Decoder`: :func:`fuse`'d, with the kernels
+    this machine measured fastest (:func:`kernel_choice`, measured once and kept; or ``choice``).
+    Compile its decode step with ``generate(..., compile=True)``. ``model`` is left as it was."""
+    out = fuse(model)
+    return apply_choice(out, choice or kernel_choice(out))

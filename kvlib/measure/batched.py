@@ -47,10 +47,12 @@ def batch_prompts(ids: Sequence[int], batch: int, prompt_len: int = 128) -> list
 
 
 @torch.no_grad()
-def time_kvlib_batched(name: str, model: torch.nn.Module, prompts: list[list[int]], n_new: int) -> BatchedRow:
-    """kvlib's :func:`kvlib.serve.generate_batch` (prompts of one length: no padding), warmed up first."""
-    generate_batch(model, prompts, 2)
-    out = generate_batch(model, prompts, n_new)
+def time_kvlib_batched(name: str, model: torch.nn.Module, prompts: list[list[int]], n_new: int,
+                       compile: bool = False) -> BatchedRow:
+    """kvlib's :func:`kvlib.serve.generate_batch` (prompts of one length: no padding), warmed up
+    first (which compiles, with ``compile=True``)."""
+    generate_batch(model, prompts, 2, compile=compile)
+    out = generate_batch(model, prompts, n_new, compile=compile)
     records = out[0].records                            # one record per step of the whole batch
     return BatchedRow(name, len(prompts), records[0].seconds, [r.seconds for r in records[1:]], [g.tokens for g in out])
 

@@ -147,18 +147,25 @@ MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8p
                     "aten::_weight_int4pack_mm_for_cpu")
 
 
-def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
+ATTENTION_OPERATORS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                       "aten::_scaled_dot_product_attention_math")
+
+
+def profile_decode_step(model, context_len: int = 300, steps: int = 10, compile: bool = False,
+                        label: str = "") -> dict:
     """Where the time of one cached decode step goes, from the torch profiler.
 
-    Returns the share of self CPU time spent in matrix products (which read the weights)
-    and the other operators' share (the per-operator overhead of running eagerly), plus
-    the top operators as rows of (name, calls per step, milliseconds per step).
+    Returns the wall time of a step unprofiled, the operators' time (``ms_per_step``), the
+    matrix products' share of it (which read the weights) and their milliseconds, the
+    attention's milliseconds, and the top operators as rows of (name, calls per step,
+    milliseconds per step). ``compile=True`` profiles the compiled step: its fused kernels are
+    not operators, so what is neither a matrix product nor attention is "the rest".
     """
     from torch.profiler import ProfilerActivity, profile
 
     from .flops import step_call
 
-    step = step_call(model, context_len, use_cache=True)
+    step = step_call(model, context_len, use_cache=True, compile=compile)
     for _ in range(3):
         step()
     with Stopwatch() as watch:
@@ -170,12 +177,16 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10) -> dict:
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPERATORS)
+    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPERATORS)
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     return {
+        "label": label or ("compiled" if compile else "eager"),
         "context_len": context_len,
         "ms_per_step": total / steps / 1e3,
         "wall_ms_per_step": watch.seconds / steps * 1e3,    # unprofiled: operators plus Python between them
         "matmul_share": matmul / total,
+        "matmul_ms": matmul / steps / 1e3,
+        "attention_ms": attention / steps / 1e3,
         "ops_per_step": sum(e.count for e in events) / steps,
         "top": [(e.key, e.count / steps, e.self_cpu_time_total / steps / 1e3) for e in top],
     }
@@ -187,9 +198,10 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     """Run the whole benchmark and return its results as a JSON-ready dict.
 
     ``formats``: also time kvlib in bfloat16, int8, the native 4-bit model and the fast path
-    (the native 4-bit model fused by :func:`kvlib.fast.fuse`, its output layer in int8), eager,
-    with each one's quality against float32 on the first ``quality_tokens`` tokens of the
-    evaluation text. ``compile_formats``: also compile each of them (several minutes each).
+    (:func:`kvlib.fast.fast_model`: the native 4-bit model fused, its kernels chosen by
+    measuring this machine), eager, with each one's quality against float32 on the first
+    ``quality_tokens`` tokens of the evaluation text; with ``compile``, the fast path compiled
+    too. ``compile_formats``: also compile each other format (a minute or more each).
     ``peer``: also time llama.cpp on the same file, when it is installed. ``batched``: also
     decode 1, 8 and 32 sequences together (:mod:`kvlib.measure.batched`).
     """
@@ -202,7 +214,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     if compile:
         bench.time_compiled()
     if formats:
-        bench.time_formats(compile_formats)
+        bench.time_formats(compile_formats, compile)
     if bench.held:
         bench.measure_quality(quality_tokens)
     bench.time_peer(peer)
@@ -231,6 +243,10 @@ class _Run:
         self.peer_setting: dict | None = None
         self.llm: Any = None
         self.batched_rows: list = []
+        self.kernel_choice: dict | None = None
+        self.compile_seconds_fast: float | None = None
+        self.new_process: dict | None = None
+        self.profiles: dict[str, dict] = {}
 
     def load(self) -> None:
         """Measure the memory bandwidth, load the model in kvlib and transformers, time the weight-read floor."""
@@ -270,31 +286,44 @@ class _Run:
 
     def time_compiled(self) -> None:
         """Time the first compiled call, then kvlib with the cache, compiled (the second row)."""
+        from ..compiled import compiled_decode_step
+
         self.say("compiling kvlib's decode step with torch.compile (this takes a while the first time) ...")
-        with Stopwatch() as watch:
-            generate(self.model, self.prompt, 2, compile=True)
-        self.compile_seconds = watch.seconds
+        generate(self.model, self.prompt, 2, compile=True)
+        self.compile_seconds = compiled_decode_step(self.model).compile_seconds
+        self.say(f"  the first compiled call took {self.compile_seconds:.1f} s; now the same in a new process ...")
+        self.new_process = new_process_first_compiled_call(torch.get_num_threads())
         self.say(f"timing kvlib, with cache, compiled ({self.repeats} runs) ...")
         self.rows.insert(1, _time_kvlib(self.model, self.prompt, self.n_new, True, self.repeats, compile=True))
 
-    def time_formats(self, compile_formats: bool) -> None:
-        """Build each other format's model and time it with the cache, eager (and compiled when
-        ``compile_formats``), with its weight bytes and weight-read floor."""
+    def time_formats(self, compile_formats: bool, compile_fast: bool = True) -> None:
+        """Build each other format's model and time it with the cache, eager (and compiled: the
+        fast path when ``compile_fast``, every format when ``compile_formats``), with its weight
+        bytes and weight-read floor. The fast path's kernels are chosen by measurement first."""
         import copy
+        from dataclasses import asdict
 
-        from ..fast import fuse
+        from ..compiled import compiled_decode_step
+        from ..fast import fast_model, fuse, kernel_choice
         from ..quant import quantize
         from ..smollm2 import load_smollm2
 
         others = {"bfloat16": lambda: copy.deepcopy(self.model).to(torch.bfloat16),
                   "int8": lambda: quantize(self.model, "int8"),
                   "native 4-bit": lambda: load_smollm2(quantized=True, device="cpu")[0],
-                  FAST: lambda: fuse(self.held["native 4-bit"], int8_output_layer=True)}
+                  FAST: lambda: fast_model(self.held["native 4-bit"])}
         for name, build in others.items():
+            if name == FAST:
+                self.say("choosing the fast path's kernels (measured once on this machine, then kept) ...")
+                self.kernel_choice = asdict(kernel_choice(fuse(self.held["native 4-bit"])))
             self.say(f"timing kvlib, with cache, {name} ({self.repeats} runs), and its weight-read floor ...")
             self.held[name] = m = build()
             self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, format=name))
             self.format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
+            if name == FAST and compile_fast and not compile_formats:
+                self.say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
+                self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, compile=True, format=name))
+                self.compile_seconds_fast = compiled_decode_step(m).compile_seconds
             if compile_formats:
                 self.say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
                 self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, compile=True,
@@ -345,14 +374,28 @@ class _Run:
             self.batched_rows.append(time_kvlib_batched("kvlib, float32", self.model, prompts, 32))
             if FAST in self.held:
                 self.batched_rows.append(time_kvlib_batched(f"kvlib, {FAST}", self.held[FAST], prompts, 32))
+                if self.compile_seconds_fast is not None:
+                    self.batched_rows.append(time_kvlib_batched(f"kvlib, {FAST}, compiled", self.held[FAST], prompts,
+                                                                32, compile=True))
             if self.peer_missing is None:
                 self.batched_rows.append(time_peer_batched(self.llm, prompts, 32))
 
     def profile(self) -> None:
-        """Profile one decode step of the float32 model, and of the fast path when held."""
+        """Profile one decode step after the prompt: float32 eager, the native 4-bit model eager,
+        and kvlib's fastest path (the fast path, compiled when it was)."""
         self.say("profiling one decode step ...")
-        self.prof = profile_decode_step(self.model)
-        self.prof_fast = profile_decode_step(self.held[FAST]) if FAST in self.held else None
+        at = len(self.prompt) + 1
+        self.prof = profile_decode_step(self.model, at, label="float32, eager")
+        self.profiles = {"float32": self.prof}
+        if "native 4-bit" in self.held:
+            self.profiles["native 4-bit"] = profile_decode_step(self.held["native 4-bit"], at,
+                                                                label="native 4-bit, eager")
+        self.prof_fast = None
+        if FAST in self.held:
+            compiled = self.compile_seconds_fast is not None
+            self.prof_fast = profile_decode_step(self.held[FAST], at, compile=compiled,
+                                                 label=f"{FAST}{', compiled' if compiled else ', eager'}")
+            self.profiles["fastest"] = self.prof_fast
 
     def summary(self, quality_tokens: int) -> dict:
         """Everything measured, as the JSON-ready dict :func:`run` returns."""
@@ -372,6 +415,9 @@ class _Run:
             "bandwidth_limit_tokens_per_s": 1 / limit_step,
             "weight_read_floor_ms": self.floor * 1e3,
             "compile_seconds": self.compile_seconds,
+            "compile_seconds_fast": self.compile_seconds_fast,
+            "new_process": self.new_process,
+            "kernel_choice": self.kernel_choice,
             "rows": [_row_dict(r, n_new, prompt_len, reference_tokens) for r in self.rows],
             "same_tokens": all(r.tokens == reference_tokens for r in self.rows if r.impl.format == "float32"),
             "formats": [{"format": name, "weight_bytes": nbytes, "weight_read_floor_ms": seconds * 1e3,
@@ -386,7 +432,8 @@ class _Run:
             "quality": self.quality,
             "quality_tokens": quality_tokens,
             "batched": [r.as_dict() for r in self.batched_rows],
-            "goals": goals(self.rows, self.batched_rows, self.format_floors),
+            "goals": goals(self.rows, self.batched_rows, self.format_floors,
+                           self.new_process and self.new_process["first_compiled_call_seconds"], self.profiles),
             "answer": self.tok.decode(reference_tokens),
             "date": time.strftime("%Y-%m-%d"),
         }
@@ -437,7 +484,38 @@ def _ratios(rows: list[Row], limit_step: float, floor: float) -> tuple[dict[str,
     return ratios, fastest
 
 
-FAST = "fast 4-bit"     # the fast path's format: kvlib.fast.fuse of the native 4-bit model, int8 output layer
+FAST = "fast 4-bit"     # the fast path's format: kvlib.fast.fast_model of the native 4-bit model
+
+
+NEW_PROCESS = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+from kvlib import generate, load_smollm2
+from kvlib.compiled import compiled_decode_step
+from kvlib.data import demo_prompt
+model, tokenizer = load_smollm2(device="cpu")
+start = time.perf_counter()
+generate(model, demo_prompt(tokenizer), 2, compile=True)
+print(time.perf_counter() - start, compiled_decode_step(model).compile_seconds)
+headers, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+print(dict(zip(headers, values)))
+"""
+
+
+def new_process_first_compiled_call(threads: int) -> dict:
+    """Section 5's compiled cell as a learner's second run makes it: a new Python process that
+    loads the float32 model and calls ``generate(..., compile=True)``, after this process compiled
+    the same step (so torch's on-disk cache holds it). The seconds of that call, of its first
+    compiled step, and torch's own breakdown of the compile (the phases over 0.5 s)."""
+    import ast
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", NEW_PROCESS, str(threads)], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()
+    call, step = map(float, out[-2].split())
+    phases = {k: float(str(v).split(",")[0]) for k, v in ast.literal_eval(out[-1]).items()}
+    return {"generate_seconds": call, "first_compiled_call_seconds": step,
+            "phases": {k: v for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v >= 0.5}}
 
 
 def main(argv: list[str] | None = None) -> int:

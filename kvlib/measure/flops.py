@@ -41,6 +41,7 @@ import torch
 from ..cache.base import KVCache
 from ..checks import non_negative_int, positive_int
 from ..config import Config
+from ..compiled import compiled_decode_step
 
 __all__ = [
     "StepFlops", "linear_flops_per_token", "attention_flops_per_pair", "output_flops_per_row",
@@ -211,14 +212,15 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
 
 def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
-              seed: int = 0) -> Callable[[], torch.Tensor]:
+              seed: int = 0, compile: bool = False) -> Callable[[], torch.Tensor]:
     """A function that runs *one* generation step of ``model`` at ``context_len`` tokens of
     context, and can be called again and again (to time it, or to count its FLOPs).
 
     Without the cache the step feeds all ``context_len`` tokens. With the cache the
     first ``context_len - 1`` tokens are prefilled once, here, and every call feeds the
     last token alone (resetting the cache position first, so each call is the same step).
-    Token ids are seeded random ids; the arithmetic does not depend on them.
+    Token ids are seeded random ids; the arithmetic does not depend on them. ``compile=True``
+    (with the cache) runs the step compiled (:func:`kvlib.compiled.compiled_decode_step`).
     """
     cfg = model.config
     if not isinstance(context_len, int) or not 1 <= context_len <= cfg.max_seq_len:
@@ -239,10 +241,12 @@ def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
             model(ids[:, :stored], cache, last_only=True)
     last = ids[:, stored:]
 
+    run = compiled_decode_step(model) if compile else (lambda x, c: model(x, c, last_only=True))
+
     def cached_step() -> torch.Tensor:
         cache.truncate(stored)         # the same step every call: one new token after `stored`
         with torch.no_grad():
-            return model(last, cache, last_only=True)
+            return run(last, cache)
     return cached_step
 
 

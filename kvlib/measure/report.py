@@ -9,8 +9,8 @@ __all__ = ["to_markdown"]
 
 def to_markdown(result: dict) -> str:
     """The results as a markdown table plus the facts needed to read it."""
-    sections = [_timings, _formats, _batched, _peer, _bandwidth, _ratios, _compile_note, _profile, _profile_fast,
-                _goals]
+    sections = [_timings, _formats, _kernel_choice, _batched, _peer, _bandwidth, _ratios, _compile_note, _profile,
+                _profile_fast, _goals]
     lines = [line for section in sections for line in section(result)]
     return "\n".join(lines) + "\n"
 
@@ -57,7 +57,7 @@ def _formats(result: dict) -> list[str]:
                  "evaluation text (KL divergence, mean and 99th percentile, and the share of positions whose "
                  "most likely token is float32's). The fast 4-bit path is the native 4-bit model with its "
                  "matrices fused at load time (`kvlib.fast.fuse`: q, k and v as one matrix, gate and up as "
-                 "one) and its output layer in int8.", "",
+                 "one) and its kernels chosen by measuring this machine (`kvlib.fast.fast_model`, below).", "",
              "| format | weights | weight-read floor | decode step | step / floor | KL mean | KL p99 "
              "| same top-1 |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for f in result["formats"]:
@@ -68,6 +68,22 @@ def _formats(result: dict) -> list[str]:
                      f"| {f['decode_step_ms']:.1f} ms | {f['decode_step_ms'] / f['weight_read_floor_ms']:.2f}× "
                      f"| {judged} |")
     return lines
+
+
+def _kernel_choice(result: dict) -> list[str]:
+    """What the fast path chose on this machine, and the timings it chose from; none without a choice."""
+    c = result.get("kernel_choice")
+    if not c:
+        return []
+    out = ", ".join(f"{name} {ms:.2f} ms" for name, ms in c["output_ms"].items())
+    sizes = "; ".join(f"{b} row{'s' if b != '1' else ''}: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in t.items())
+                      for b, t in c["layers_ms"].items())
+    dense = ("the int4 kernel at every batch size measured" if c["dense_from"] is None else
+             f"the dense bfloat16 weights from {c['dense_from']} rows on, the int4 kernel below")
+    return ["", f"The fast path's kernels, measured on this machine (`kvlib.fast.kernel_choice`, kept in kvlib's "
+                f"folder for the next run): output layer **{c['output_layer']}** (one row: {out}; int8 only when "
+                f"clearly faster, as it rounds the embedding again); 4-bit layers: **{dense}** (one layer of each "
+                f"shape, summed: {sizes})."]
 
 
 def _batched(result: dict) -> list[str]:
@@ -171,10 +187,20 @@ def _compile_note(result: dict) -> list[str]:
     """How long the first compiled call took; none when nothing was compiled."""
     if "kvlib_compiled_vs_transformers_cached_decode" not in result["ratios"]:
         return []
-    return ["", f"The first compiled call (`generate(..., compile=True)`) took "
-                f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
-                "compiled code. torch keeps compiled code on disk, so this is shorter when an earlier run "
-                "on the same machine compiled the same step."]
+    lines = ["", f"The first compiled call (`generate(..., compile=True)`, float32) took "
+                 f"{fmt_seconds(result['compile_seconds'])}, compilation included; later calls reuse the "
+                 "compiled code. torch keeps compiled code on disk (kvlib's folder), so it is shorter when an "
+                 "earlier run on the same machine compiled the same step."]
+    if result.get("compile_seconds_fast") is not None:
+        lines[-1] += f" The fast 4-bit path's first compiled call took {fmt_seconds(result['compile_seconds_fast'])}."
+    new = result.get("new_process")
+    if new:
+        phases = ", ".join(f"{name} {sec:.1f} s" for name, sec in list(new["phases"].items())[:6])
+        lines += ["", f"A learner's second run, in a new process (section 5's cell: load the float32 model, "
+                      f"`generate(..., compile=True)`): the whole call {fmt_seconds(new['generate_seconds'])}, its "
+                      f"first compiled step {fmt_seconds(new['first_compiled_call_seconds'])}, nothing compiled "
+                      f"again; torch's own account of that step's compile phases (nested, so they overlap): {phases}."]
+    return lines
 
 
 def _operator_table(top: list) -> list[str]:
@@ -207,10 +233,11 @@ def _profile_fast(result: dict) -> list[str]:
         return []
     return [
         "",
-        f"Profile of one decode step of the fast 4-bit path at {pf['context_len']} tokens of context: "
-        f"{pf['wall_ms_per_step']:.1f} ms per step unprofiled, of which {pf['ms_per_step']:.1f} ms in "
-        f"{pf['ops_per_step']:.0f} operator calls ({100 * pf['matmul_share']:.0f} % of it in the weight-only "
-        "kernels) and the rest in Python between them.",
+        f"Profile of one decode step of the {pf.get('label', 'fast 4-bit path')} at {pf['context_len']} tokens "
+        f"of context: {pf['wall_ms_per_step']:.1f} ms per step unprofiled, of which {pf['ms_per_step']:.1f} ms in "
+        f"{pf['ops_per_step']:.0f} PyTorch operator calls ({100 * pf['matmul_share']:.0f} % of it in the weight-only "
+        "kernels); the rest is code between them (Python, and a compiled step's own fused kernels, which the "
+        "profiler does not list).",
     ] + _operator_table(pf["top"])
 
 
@@ -218,11 +245,14 @@ def _goals(result: dict) -> list[str]:
     """The performance goals as this run measured them; none without goals."""
     if not result.get("goals"):
         return []
-    lines = ["", "The performance goals, as this run measured them:", "",
-             "| goal | target | measured | met |", "|---|---:|---:|---|"]
+    lines = ["", "The performance goals, as this run measured them (where one is not met: by how much, and where "
+                 "the time of that step goes, from this run's profile of it):", "",
+             "| goal | target | measured | met | short by | where the step's time goes |", "|---|---:|---:|---|---|---|"]
     for g in result["goals"]:
-        value = "not measured" if g["value"] is None else (
-            f"{100 * g['value']:.0f} %" if g["target"] < 1 else f"{g['value']:.2f}×")
-        target = f"{100 * g['target']:.0f} %" if g["target"] < 1 else f"{g['target']:.1f}×"
-        lines.append(f"| {g['goal']} | {target} | {value} | {'–' if g['met'] is None else ('yes' if g['met'] else 'no')} |")
+        unit = g.get("unit", "%" if g["target"] < 1 else "x")
+        show = {"%": lambda v: f"{100 * v:.0f} %", "x": lambda v: f"{v:.2f}×", "s": lambda v: f"{v:.1f} s"}[unit]
+        value = "not measured" if g["value"] is None else show(g["value"])
+        target = ("≤ " if g.get("at_most") else "") + show(g["target"])
+        met = "–" if g["met"] is None else ("yes" if g["met"] else "no")
+        lines.append(f"| {g['goal']} | {target} | {value} | {met} | {g.get('short_by') or ''} | {g.get('held_by') or ''} |")
     return lines

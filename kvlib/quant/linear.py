@@ -37,6 +37,7 @@ class _WeightOnly(nn.Module):
     """
 
     force_dense: bool = False
+    dense_from: int | None = None               # CPU inputs of this many rows or more use the dense weight
     _dense: torch.Tensor | None = None          # the cached dense weight; never a buffer (not saved, not moved)
     out_features: int
 
@@ -44,8 +45,14 @@ class _WeightOnly(nn.Module):
         raise NotImplementedError
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` goes through the CPU weight-only kernel (else through the dense weight)."""
-        return x.device.type == "cpu" and not self.force_dense
+        """Whether ``x`` goes through the CPU weight-only kernel (else through the dense weight).
+
+        ``dense_from = n`` (on an instance) sends CPU inputs of ``n`` rows or more through the dense
+        weight: where a batch is large enough for the arithmetic to matter, a dense bfloat16 product
+        can beat the weight-only kernel (:func:`kvlib.fast.kernel_choice` measures where)."""
+        if x.device.type != "cpu" or self.force_dense:
+            return False
+        return self.dense_from is None or x.numel() // x.shape[-1] < self.dense_from
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight as a dense ``(out, in)`` matrix in ``dtype`` on the layer's device: built from

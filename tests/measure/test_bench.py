@@ -211,26 +211,38 @@ def test_missing_peer_says_how_to_add_it(monkeypatch):
 
 
 def test_goals_follow_the_measured_rows():
-    """Each goal's value is computed from the rows; a missing peer or batch gives None, not a guess."""
+    """Each goal's value is computed from the rows; a missing peer or batch gives None, not a guess;
+    an unmet goal says by how much and where its step's time goes."""
     from kvlib.measure.batched import BatchedRow
     from kvlib.measure.bench import Row
     from kvlib.measure.goals import goals
 
     rows = [Row(Impl("kvlib", True), [1.0], 0.050, prefill_seconds=1.0),                          # 20 tok/s
-            Row(Impl("kvlib", True, format="fast 4-bit"), [1.0], 0.025, prefill_seconds=2.0),     # 40 tok/s
+            Row(Impl("kvlib", True, format="native 4-bit"), [1.0], 0.025, prefill_seconds=3.0),   # 2.0x float32
+            Row(Impl("kvlib", True, True, format="fast 4-bit"), [1.0], 0.025, prefill_seconds=2.0),  # 40 tok/s
             Row(Impl("llama.cpp", True, format="Q4_1 file"), [1.0], 0.020, prefill_seconds=1.5)]  # 50 tok/s
     batched = [BatchedRow("kvlib, float32", 32, 1.0, [0.2] * 4, []), BatchedRow("kvlib, fast 4-bit", 32, 1.0, [0.1] * 4, []),
                BatchedRow("llama.cpp", 32, 1.0, [0.16] * 4, [])]
-    got = {g["goal"]: g for g in goals(rows, batched, {"float32": (0, 0.045)})}
-    assert got["batch-1 decode, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(0.8)
-    assert got["batch-1 decode, kvlib's fastest / llama.cpp"]["met"] is False
-    assert got["batched decode at 32 sequences, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(1.6)
-    assert got["batched decode at 32 sequences, kvlib's fastest / llama.cpp"]["met"] is True
+    profile = {"label": "fast 4-bit, compiled", "wall_ms_per_step": 25.0, "matmul_ms": 12.0, "attention_ms": 3.0}
+    got = {g["goal"]: g for g in goals(rows, batched, {"float32": (0, 0.045)}, 20.0, {"fastest": profile})}
+    one = got["batch-1 decode after the prompt, kvlib's fastest / llama.cpp"]
+    assert one["value"] == pytest.approx(0.8) and one["met"] is False
+    assert one["short_by"] == "5.0 ms per step"
+    assert one["held_by"] == ("of its 25.0 ms step (fast 4-bit, compiled): matrix products 12.0 ms, attention 3.0 ms, "
+                              "the rest 10.0 ms")
+    b32 = got["batched decode of 32 sequences, kvlib's fastest / llama.cpp"]
+    assert b32["value"] == pytest.approx(1.6) and b32["met"] is True and b32["short_by"] is None
     assert got["prefill, kvlib's fastest / llama.cpp"]["value"] == pytest.approx(1.5)
+    ratio = got["kvlib.generate decode, native 4-bit / float32, default options"]
+    assert ratio["value"] == pytest.approx(2.0) and ratio["met"] is False and ratio["short_by"] == "5.0 ms per step"
+    second = got["a new process's first compiled step (section 5's model), seconds"]
+    assert second["at_most"] and second["met"] is False and second["short_by"] == "5.0 s"
     assert got["float32 eager decode, share of its weight-read floor"]["value"] == pytest.approx(0.9)
-    alone = {g["goal"]: g for g in goals(rows[:2], [], {"float32": (0, 0.045)})}
-    assert alone["batch-1 decode, kvlib's fastest / llama.cpp"] == {
-        "goal": "batch-1 decode, kvlib's fastest / llama.cpp", "target": 1.0, "value": None, "met": None}
+    alone = {g["goal"]: g for g in goals(rows[:3], [], {"float32": (0, 0.045)})}
+    assert alone["batch-1 decode after the prompt, kvlib's fastest / llama.cpp"] == {
+        "goal": "batch-1 decode after the prompt, kvlib's fastest / llama.cpp", "target": 1.0, "value": None,
+        "met": None, "unit": "x", "at_most": False, "short_by": None, "held_by": None}
+    assert alone["a new process's first compiled step (section 5's model), seconds"]["met"] is None
 
 
 def test_batched_rows_from_a_fake_peer_and_prompts():
@@ -261,9 +273,14 @@ def test_markdown_report_with_quality_batched_and_goals():
     result["batched"] = [{"name": "kvlib, float32", "batch": 1, "decode_tokens_per_s": 10.0},
                          {"name": "kvlib, float32", "batch": 32, "decode_tokens_per_s": 150.0},
                          {"name": "llama.cpp", "batch": 1, "decode_tokens_per_s": 60.0}]
-    result["goals"] = [{"goal": "prefill, kvlib's fastest / llama.cpp", "target": 2.0, "value": 1.91, "met": False},
+    result["goals"] = [{"goal": "prefill, kvlib's fastest / llama.cpp", "target": 2.0, "value": 1.91, "met": False,
+                        "unit": "x", "short_by": None, "held_by": None},
                        {"goal": "float32 eager decode, share of its weight-read floor", "target": 0.9, "value": None,
-                        "met": None}]
+                        "met": None, "unit": "%"},
+                       {"goal": "a new process's first compiled step", "target": 15.0, "value": 16.4, "met": False,
+                        "unit": "s", "at_most": True, "short_by": "1.4 s", "held_by": None}]
+    result["kernel_choice"] = {"output_layer": "int8", "dense_from": None, "output_ms": {"tied bfloat16": 2.75, "int8": 1.4},
+                               "layers_ms": {"1": {"int4": 0.2, "dense bfloat16": 0.37}}}
     result["profile_fast"] = {"context_len": 300, "ms_per_step": 20.0, "wall_ms_per_step": 30.0, "matmul_share": 0.6,
                               "ops_per_step": 5000, "top": [("aten::_weight_int4pack_mm_for_cpu", 120, 9.5)]}
     md = to_markdown(result)
@@ -272,7 +289,10 @@ def test_markdown_report_with_quality_batched_and_goals():
     assert "| int8 | 155.0 MiB | 20.0 ms | 40.0 ms | 2.00× | – | – | – |" in md          # not measured: no number
     assert "| implementation | batch 1 | batch 32 |" in md
     assert "| kvlib, float32 | 10.0 | 150.0 |" in md and "| llama.cpp | 60.0 | – |" in md
-    assert "30.0 ms per step unprofiled, of which 20.0 ms in 5000 operator calls (60 % of it" in md
+    assert "30.0 ms per step unprofiled, of which 20.0 ms in 5000 PyTorch operator calls (60 % of it" in md
     assert "| `aten::_weight_int4pack_mm_for_cpu` | 120 | 9.50 |" in md
-    assert "| prefill, kvlib's fastest / llama.cpp | 2.0× | 1.91× | no |" in md
+    assert "| prefill, kvlib's fastest / llama.cpp | 2.00× | 1.91× | no |  |  |" in md
     assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in md
+    assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in md
+    assert "output layer **int8** (one row: tied bfloat16 2.75 ms, int8 1.40 ms;" in md
+    assert "4-bit layers: **the int4 kernel at every batch size measured** (" in md

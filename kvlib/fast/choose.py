@@ -1,0 +1,162 @@
+"""Which kernel each part of the fast path runs, chosen by measuring this machine once.
+
+Two choices depend on the CPU (its vector instructions, its caches, its memory), so kvlib
+measures them rather than guessing, and keeps the result in its folder
+(:func:`kvlib.paths.cache_dir`, ``kernels/``) for the next run on the same machine:
+
+- **the output layer** (the embedding, transposed: the largest matrix of a small model):
+  multiplied in bfloat16 as stored (the tied embedding), or stored again as per-row int8,
+  which reads half the bytes but rounds the weights a second time. int8 is chosen only when it
+  is faster by a clear margin (:data:`OUTPUT_INT8_MARGIN`): it moves the predictions, the
+  tied layer does not;
+- **the 4-bit layers at each batch size**: at one row a step only reads the weights, and the
+  int4 kernel reads a quarter of bfloat16's bytes; with many rows the arithmetic catches up,
+  and a dense bfloat16 product of the dequantized weights may win. ``dense_from`` is the
+  smallest batch size measured from which the dense product is faster, for every larger
+  size measured too (``None``: the int4 kernel at every size).
+
+The choice changes which kernel runs, never what is computed beyond the order of float
+roundings; ``tests/fast/test_choose.py`` checks that the greedy tokens stay the model's own.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..paths import cache_dir
+from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
+
+__all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "measure_kernels", "choose",
+           "kernel_choice", "choice_path", "apply_choice"]
+
+OUTPUT_INT8_MARGIN = 0.85   # int8 output layer only when it takes under 85 % of the tied layer's time
+DENSE_MARGIN = 0.9          # dense 4-bit layers only when they take under 90 % of the int4 kernel's time
+BATCH_SIZES = (1, 8, 32)
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+@dataclass
+class KernelChoice:
+    """What the fast path runs on this machine, and the measurements (milliseconds) it was chosen from."""
+
+    output_layer: str                   # "tied bfloat16" or "int8"
+    dense_from: int | None              # batch size from which the 4-bit layers use their dense weight
+    output_ms: dict[str, float] = field(default_factory=dict)          # format -> ms at one row
+    layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, one layer
+    machine: str = ""
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:
+    """The median wall time of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
+    """One 4-bit layer of each distinct (out, in) shape in ``model`` (every layer repeats them)."""
+    shapes: dict[tuple[int, int], Int4Linear] = {}
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            shapes.setdefault((m.out_features, m.in_features), m)
+    return list(shapes.values())
+
+
+@torch.no_grad()
+def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES,
+                    timer: Timer = median_seconds) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Time the candidates on this machine: the output layer at one row (tied bfloat16, int8), and
+    one of each shape of ``model``'s 4-bit layers at each batch size (int4 kernel, dense bfloat16),
+    summed over the shapes. Milliseconds: ``(output_ms, layers_ms)`` for :func:`choose`."""
+    embed = model.embed.weight.detach()
+    tied, int8 = embed.to(COMPUTE_DTYPE), Int8Linear.from_weight(embed.float())
+    x = torch.randn(1, 1, embed.shape[1], generator=torch.Generator().manual_seed(0)).to(COMPUTE_DTYPE)
+    output_ms = {"tied bfloat16": 1e3 * timer(lambda: F.linear(x, tied)), "int8": 1e3 * timer(lambda: int8(x))}
+    layers_ms: dict[str, dict[str, float]] = {}
+    for b in batch_sizes:
+        totals = {"int4": 0.0, "dense bfloat16": 0.0}
+        for layer in _layer_shapes(model):
+            xb = torch.randn(1, b, layer.in_features).to(COMPUTE_DTYPE)        # (1, rows, in)
+            dense = layer.dequantized().to(COMPUTE_DTYPE)
+            totals["int4"] += 1e3 * timer(lambda: layer(xb))
+            totals["dense bfloat16"] += 1e3 * timer(lambda: F.linear(xb, dense))
+        layers_ms[str(b)] = totals
+    return output_ms, layers_ms
+
+
+def choose(output_ms: dict[str, float], layers_ms: dict[str, dict[str, float]], machine: str = "") -> KernelChoice:
+    """The rule, from measurements alone (see the module's docstring for why the margins)."""
+    int8_wins = output_ms["int8"] < OUTPUT_INT8_MARGIN * output_ms["tied bfloat16"]
+    sizes = sorted(int(b) for b in layers_ms)
+    wins = [layers_ms[str(b)]["dense bfloat16"] < DENSE_MARGIN * layers_ms[str(b)]["int4"] for b in sizes]
+    dense_from = next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
+    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from, output_ms, layers_ms, machine)
+
+
+def machine_key(model: torch.nn.Module) -> str:
+    """What the measurement depends on: the CPU, its vector instructions as PyTorch uses them, the
+    threads, PyTorch's version, and the model's layer shapes."""
+    shapes = sorted({(m.out_features, m.in_features) for m in _layer_shapes(model)})
+    return (f"{_cpu_name()} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads | "
+            f"torch {torch.__version__} | vocab {model.config.vocab_size} x {model.config.d_model} | {shapes}")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def choice_path() -> Path:
+    """The file where the measured choices are kept, one entry per :func:`machine_key`."""
+    return cache_dir() / "kernels" / "choices.json"
+
+
+def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer = median_seconds) -> KernelChoice:
+    """This machine's :class:`KernelChoice` for ``model`` (a native 4-bit :class:`kvlib.Decoder`):
+    read from :func:`choice_path` when measured before here, else measured now (a few seconds)
+    and kept. ``refresh=True`` measures again."""
+    key = machine_key(model)
+    path = choice_path()
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    if key in kept and not refresh:
+        return KernelChoice(**kept[key])
+    choice = choose(*measure_kernels(model, timer=timer), machine=key)
+    kept[key] = asdict(choice)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept, indent=1) + "\n")
+    return choice
+
+
+@torch.no_grad()
+def apply_choice(model: torch.nn.Module, choice: KernelChoice) -> torch.nn.Module:
+    """Set ``model``'s kernels (in place) as ``choice`` says: the output layer, and each 4-bit layer's
+    ``dense_from`` with its dense weight built now (not inside a compiled step)."""
+    if choice.output_layer == "int8":
+        model.lm_head = Int8Linear.from_weight(model.embed.weight.float())
+    elif choice.output_layer == "tied bfloat16":
+        model.lm_head = None
+    else:
+        raise ValueError(f"unknown output layer {choice.output_layer!r}: 'tied bfloat16' or 'int8'")
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.dense_from = choice.dense_from
+            if choice.dense_from is not None:
+                m.dense_weight(COMPUTE_DTYPE)
+    return model

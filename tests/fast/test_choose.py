@@ -1,0 +1,108 @@
+"""Kernels chosen by measurement (kvlib.fast.choose): the rule, the file it is kept in, and that
+whatever is chosen, the fast path writes the model's own greedy tokens."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlib import Config, Decoder, generate
+from kvlib.fast import KernelChoice, apply_choice, fast_model, fuse, kernel_choice
+from kvlib.fast.choose import DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose, measure_kernels
+from kvlib.quant import Int4Linear, Int8Linear, quantize
+from kvlib.serve import generate_batch
+
+CFG = Config(vocab_size=97, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def native():
+    torch.manual_seed(0)
+    return quantize(Decoder(CFG).eval(), "int4", group_size=32)
+
+
+def _layers(int4: dict[int, float], dense: dict[int, float]) -> dict[str, dict[str, float]]:
+    return {str(b): {"int4": int4[b], "dense bfloat16": dense[b]} for b in int4}
+
+
+def test_int8_output_layer_only_when_clearly_faster():
+    layers = _layers({1: 1.0}, {1: 2.0})
+    assert choose({"tied bfloat16": 3.0, "int8": 1.3}, layers).output_layer == "int8"
+    assert choose({"tied bfloat16": 3.0, "int8": 3.0 * OUTPUT_INT8_MARGIN + 0.01}, layers).output_layer == "tied bfloat16"
+    assert choose({"tied bfloat16": 1.0, "int8": 2.0}, layers).output_layer == "tied bfloat16"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3), st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3))
+def test_dense_from_is_where_dense_wins_from_there_on(int4, dense):
+    sizes = [1, 8, 32]
+    choice = choose({"tied bfloat16": 1.0, "int8": 1.0}, _layers(dict(zip(sizes, int4)), dict(zip(sizes, dense))))
+    wins = [d < DENSE_MARGIN * i for i, d in zip(int4, dense)]
+    if choice.dense_from is None:
+        assert not any(all(wins[k:]) for k in range(3))
+    else:
+        k = sizes.index(choice.dense_from)
+        assert all(wins[k:]) and (k == 0 or not all(wins[k - 1:]))
+
+
+def test_measurement_names_every_candidate(native):
+    fast = fuse(native)
+    output_ms, layers_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=lambda fn: (fn(), 1e-3)[1])
+    assert output_ms == {"tied bfloat16": 1.0, "int8": 1.0}
+    assert set(layers_ms) == {"1", "4"}
+    # one timing per distinct 4-bit layer shape (wqkv, wo, gate_up, down: 3 shapes here), summed
+    shapes = {(m.out_features, m.in_features) for m in fast.modules() if isinstance(m, Int4Linear)}
+    assert layers_ms["4"]["int4"] == pytest.approx(len(shapes))
+
+
+def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_path):
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def timer(fn):
+        calls.append(1)
+        fn()
+        return 1e-3
+
+    fast = fuse(native)
+    first = kernel_choice(fast, timer=timer)
+    n = len(calls)
+    assert n > 0 and choice_path().exists()
+    assert kernel_choice(fast, timer=timer) == first and len(calls) == n          # read back, not measured
+    kept = json.loads(choice_path().read_text())
+    assert list(kept) == [first.machine] and "threads" in first.machine
+    kernel_choice(fast, refresh=True, timer=timer)
+    assert len(calls) == 2 * n
+
+
+@pytest.mark.parametrize("choice", [KernelChoice("tied bfloat16", None), KernelChoice("tied bfloat16", 1),
+                                    KernelChoice("int8", 4)])
+def test_every_choice_writes_its_formats_tokens(native, choice):
+    """Batch 1 and 6: the int4 kernel, the dense weight (from 1 or 4 rows on), the int8 output layer.
+    The tied and dense choices compute what the native model computes (up to bfloat16 rounding):
+    the same greedy tokens. The int8 output layer rounds the embedding again: compared with
+    the same format eager (``fuse`` with its int8 output layer)."""
+    fast = apply_choice(fuse(native), choice)
+    reference = native if choice.output_layer == "tied bfloat16" else fuse(native, int8_output_layer=True)
+    prompts = [[(7 * i + j) % 97 for j in range(5 + i)] for i in range(6)]
+    _same_or_tie(generate(fast, prompts[0], 12, keep_logits=True), generate(reference, prompts[0], 12, keep_logits=True))
+    for a, b in zip(generate_batch(fast, prompts, 8, keep_logits=True),
+                    generate_batch(reference, prompts, 8, keep_logits=True)):
+        _same_or_tie(a, b)
+
+
+def _same_or_tie(fast, reference, rel: float = 0.03):
+    """The same greedy tokens, or a first difference at a tie: where the reference's best two
+    logits lie closer than twice the two paths' largest difference there (another kernel's
+    rounding may order them either way). Until then the logits agree to ``rel`` of the largest
+    (bfloat16 rounding through the layers, a few of its steps; a wrong weight moves them by ~1)."""
+    part = next((i for i, (a, b) in enumerate(zip(fast, reference)) if a != b), None)
+    upto = len(reference) if part is None else part + 1
+    diff = (fast.logits[:upto] - reference.logits[:upto]).abs()
+    assert diff.max() <= rel * reference.logits[:upto].abs().max()
+    if part is not None:
+        best_two = reference.logits[part].topk(2).values
+        assert best_two[0] - best_two[1] <= 2 * diff[part].max(), f"parted at token {part}, not at a tie"
