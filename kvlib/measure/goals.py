@@ -59,6 +59,12 @@ def goals(rows: list, batched_rows: list, format_floors: dict, new_process_secon
         _goal("prefill, kvlib's fastest / llama.cpp", 2.0,
               peer and peer.prefill_seconds / fastest_prefill.prefill_seconds),
     ]
+    compiled = [r for r in cached if r.impl.compiled and r.impl.format in eager]
+    if compiled:
+        same = [r.impl.format for r in compiled if r.tokens == eager[r.impl.format].tokens]
+        differ = [r.impl.label for r in compiled if r.impl.format not in same]
+        out.append(_goal("compiled paths writing their format's eager greedy tokens", 1.0, len(same) / len(compiled),
+                         unit="%", short_by=", ".join(differ)))
     native, fp32 = eager.get("native 4-bit"), eager["float32"]
     if native is not None:
         gap = 1e3 * (native.decode_step_seconds - fp32.decode_step_seconds / 2.5)
