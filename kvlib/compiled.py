@@ -105,12 +105,15 @@ class CompiledDecodeStep:
     """``step(ids, cache)``: what ``model(ids, cache, last_only=True)`` returns, for one new token, compiled.
 
     ``compile_seconds``: how long the first call took (tracing, and compiling or loading the
-    compiled code from :func:`compile_cache_dir`); ``None`` before it.
+    compiled code from :func:`compile_cache_dir`); ``None`` before it. With ``announce = True``
+    the first call prints a line before it starts and its seconds when it ends
+    (``generate(..., compile=True, progress=True)`` sets it).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.compile_seconds: float | None = None
+        self.announce = False
         compile_cache_dir()
         # dynamic=True: one compiled graph serves every position, cache length and batch size.
         self._fn = torch.compile(_decode_one_token, dynamic=True, options=COMPILE_OPTIONS)
@@ -120,6 +123,10 @@ class CompiledDecodeStep:
             raise ValueError(f"the compiled step takes one new token per sequence, ids of shape (batch, 1); "
                              f"got {tuple(ids.shape)} (run the prompt through the model itself first)")
         self.model.check_input(ids, cache)
+        first = self.compile_seconds is None
+        if first and self.announce:
+            print("compiling the decode step (the first time on a machine: a minute or more; "
+                  f"the code is kept in {compile_cache_dir()}) ...", flush=True)
         start = time.perf_counter()
         try:
             with _cache_sizes_are_dynamic():
@@ -129,8 +136,10 @@ class CompiledDecodeStep:
                 f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "
                 "On a CPU it needs a working C++ compiler (gcc or clang). Use compile=False "
                 "(the default) to decode without it.") from err
-        if self.compile_seconds is None:
+        if first:
             self.compile_seconds = time.perf_counter() - start
+            if self.announce:
+                print(f"compiled the decode step in {self.compile_seconds:.1f} s", flush=True)
         cache.advance(1)
         return logits
 

@@ -253,7 +253,8 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     ``cache`` lets the caller supply (and afterwards inspect) the cache; it is reset first.
     ``compile=True`` (with the cache) runs the one-token steps through
     :func:`kvlib.compiled.compiled_decode_step`: the same layers fused by ``torch.compile``,
-    faster per step once compiled (the first call compiles, which takes a while).
+    faster per step once compiled (the first call compiles, which takes a while; with
+    ``progress=True`` it says so, and how long it took).
     """
     non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k)
@@ -265,6 +266,8 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     if not use_cache and cache is not None:
         raise ValueError("a cache was given but use_cache=False")
     step_fn = compiled_step(model, compile, use_cache)
+    if step_fn is not None and progress:
+        step_fn.announce = True
     label = ("with cache" if use_cache else "without cache") if progress else None
     (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, temperature=temperature,
                     top_k=top_k, generator=generator, stop_token=stop_token, progress=label,

@@ -164,3 +164,18 @@ def test_compiled_batch_matches_eager(model):
         torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="compile=True .* use_cache=True"):
         generate_batch(model, prompts, 3, use_cache=False, compile=True)
+
+
+def test_first_compile_is_announced_with_its_seconds(model, capsys):
+    from kvlib.compiled import CompiledDecodeStep
+
+    step = CompiledDecodeStep(model)
+    step.announce = True
+    cache = KVCache.for_model(model, max_len=4)
+    step(torch.tensor([[1]]), cache)
+    step(torch.tensor([[2]]), cache)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("compiling the decode step (the first time on a machine")
+    assert lines[1] == f"compiled the decode step in {step.compile_seconds:.1f} s"
+    generate(model, [1, 2], 3, compile=True)                   # progress=False: nothing printed
+    assert capsys.readouterr().out == ""
