@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .cache.base import KVCache
+from .device import cpu_name
 from .paths import cache_dir
 
 # Inductor's options for the step. emulate_precision_casts: round in bfloat16 where eager does
@@ -43,12 +44,28 @@ COMPILE_OPTIONS = {"emulate_precision_casts": True}
 
 def compile_cache_dir() -> Path:
     """Where torch.compile keeps the code it compiles: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``torch-compile`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it sets as
+    ``torch-compile/<CPU>`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it sets as
     ``TORCHINDUCTOR_CACHE_DIR`` for this process. (PyTorch's own default is a folder in the
-    system's temporary directory, which a reboot or a new Colab session empties.)"""
+    system's temporary directory, which a reboot or a new Colab session empties.)
+
+    ``<CPU>`` names the processor and the vector instructions PyTorch's kernels use
+    (``ATEN_CPU_CAPABILITY`` can lower them): torch's cache does not tell them apart, and a
+    step compiled under one capability and loaded under another wrote wrong tokens (seen with
+    ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 machine); a home folder shared by machines with
+    different CPUs would meet the same.
+    """
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile" / cpu_tag())
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def cpu_tag() -> str:
+    """This CPU and the vector instructions PyTorch uses on it, as a folder name: ``avx512-1a2b3c4d``."""
+    import hashlib
+
+    name = cpu_name()
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    return f"{capability}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def compiler_missing(device: torch.device | str = "cpu") -> str | None:
@@ -56,8 +73,10 @@ def compiler_missing(device: torch.device | str = "cpu") -> str | None:
 
     On a CPU it needs a C++ compiler (gcc or clang; on Windows, MSVC's ``cl``): Windows and a
     Mac without the command-line tools have none by default. On a GPU it needs Triton. Only
-    looks; compiles nothing.
+    looks; compiles nothing. (It first points torch's compile cache at kvlib's folder,
+    :func:`compile_cache_dir`: looking for a compiler makes torch settle its cache folder.)
     """
+    compile_cache_dir()
     if torch.device(device).type == "cuda":
         try:
             import triton  # noqa: F401

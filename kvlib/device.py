@@ -69,7 +69,8 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The processor's name (``/proc/cpuinfo``'s model name on Linux), else what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -85,7 +86,7 @@ def describe_device(device: str | torch.device) -> str:
     ``"CUDA:0 (NVIDIA H100 80GB HBM3)"``. It does not check that the device is usable."""
     device = torch.device(device)
     if device.type == "cpu":
-        return f"CPU ({_cpu_name()}, {torch.get_num_threads()} threads)"
+        return f"CPU ({cpu_name()}, {torch.get_num_threads()} threads)"
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return f"{str(device).upper()} (not available)"

@@ -148,7 +148,10 @@ def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
-    assert compile_cache_dir() == tmp_path / "torch-compile"
+    from kvlib.compiled import cpu_tag
+
+    assert compile_cache_dir() == tmp_path / "torch-compile" / cpu_tag()
+    assert cpu_tag().startswith(torch.backends.cpu.get_cpu_capability().lower() + "-")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == tmp_path / "mine"           # the user's choice wins
 
@@ -179,3 +182,16 @@ def test_first_compile_is_announced_with_its_seconds(model, capsys):
     assert lines[1] == f"compiled the decode step in {step.compile_seconds:.1f} s"
     generate(model, [1, 2], 3, compile=True)                   # progress=False: nothing printed
     assert capsys.readouterr().out == ""
+
+
+def test_looking_for_a_compiler_keeps_the_cache_in_kvlibs_folder(monkeypatch, tmp_path):
+    """torch settles its cache folder the first time it looks for a compiler (section 5's cell looks
+    first): kvlib's folder must be in place by then, or the code lands in the system's temp folder."""
+    import os
+
+    from kvlib.compiled import compiler_missing, cpu_tag
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    compiler_missing("cpu")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch-compile" / cpu_tag())

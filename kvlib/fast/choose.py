@@ -21,7 +21,6 @@ roundings; ``tests/fast/test_choose.py`` checks that the greedy tokens stay the 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..device import cpu_name
 from ..paths import cache_dir
 from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 
@@ -111,16 +111,8 @@ def machine_key(model: torch.nn.Module) -> str:
     """What the measurement depends on: the CPU, its vector instructions as PyTorch uses them, the
     threads, PyTorch's version, and the model's layer shapes."""
     shapes = sorted({(m.out_features, m.in_features) for m in _layer_shapes(model)})
-    return (f"{_cpu_name()} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads | "
+    return (f"{cpu_name()} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads | "
             f"torch {torch.__version__} | vocab {model.config.vocab_size} x {model.config.d_model} | {shapes}")
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def choice_path() -> Path:
