@@ -6,11 +6,12 @@ wait (``torch.cuda.synchronize``) measures only how long it took to queue the wo
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
-__all__ = ["sync", "Stopwatch"]
+__all__ = ["sync", "Stopwatch", "median_seconds"]
 
 
 def sync(device: torch.device | str | None = None) -> None:
@@ -44,3 +45,16 @@ class Stopwatch:
     def __exit__(self, *exc) -> None:
         sync(self.device)
         self.seconds = time.perf_counter() - self._start
+
+
+def median_seconds(fn, device: torch.device | str | None = None, repeats: int = 30, warmup: int = 5) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` unmeasured ones, each
+    timed by a :class:`Stopwatch` that waits for ``device``'s queued work at both ends."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        with Stopwatch(device) as watch:
+            fn()
+        times.append(watch.seconds)
+    return statistics.median(times)

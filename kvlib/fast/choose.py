@@ -21,8 +21,6 @@ roundings; ``tests/fast/test_choose.py`` checks that the greedy tokens stay the 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..clock import median_seconds
 from ..device import cpu_name
 from ..paths import cache_dir
 from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
@@ -53,18 +52,6 @@ class KernelChoice:
     output_ms: dict[str, float] = field(default_factory=dict)          # format -> ms at one row
     layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, one layer
     machine: str = ""
-
-
-def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 5) -> float:
-    """The median wall time of ``fn()`` over ``repeats`` calls, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
 
 
 def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:

@@ -301,21 +301,16 @@ class _Run:
         fast path when ``compile_fast``, every format when ``compile_formats``), with its weight
         bytes and weight-read floor. The fast path's kernels are chosen by measurement first."""
         import copy
-        from dataclasses import asdict
 
         from ..compiled import compiled_decode_step
-        from ..fast import fast_model, fuse, kernel_choice
         from ..quant import quantize
         from ..smollm2 import load_smollm2
 
         others = {"bfloat16": lambda: copy.deepcopy(self.model).to(torch.bfloat16),
                   "int8": lambda: quantize(self.model, "int8"),
                   "native 4-bit": lambda: load_smollm2(quantized=True, device="cpu")[0],
-                  FAST: lambda: fast_model(self.held["native 4-bit"])}
+                  FAST: lambda: self._fast_model()}
         for name, build in others.items():
-            if name == FAST:
-                self.say("choosing the fast path's kernels (measured once on this machine, then kept) ...")
-                self.kernel_choice = asdict(kernel_choice(fuse(self.held["native 4-bit"])))
             self.say(f"timing kvlib, with cache, {name} ({self.repeats} runs), and its weight-read floor ...")
             self.held[name] = m = build()
             self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, format=name))
@@ -328,6 +323,18 @@ class _Run:
                 self.say(f"compiling and timing kvlib, with cache, compiled, {name} ...")
                 self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, compile=True,
                                              format=name))
+
+    def _fast_model(self) -> torch.nn.Module:
+        """The native 4-bit model fused, with the kernels this machine measured fastest (kept)."""
+        from dataclasses import asdict
+
+        from ..fast import apply_choice, fuse, kernel_choice
+
+        self.say("choosing the fast path's kernels (measured once on this machine, then kept) ...")
+        fast = fuse(self.held["native 4-bit"])
+        choice = kernel_choice(fast)
+        self.kernel_choice = asdict(choice)
+        return apply_choice(fast, choice)
 
     def measure_quality(self, quality_tokens: int) -> None:
         """Each held format's predictions against float32's over ``quality_tokens`` tokens of text."""

@@ -11,14 +11,12 @@ from __future__ import annotations
 import copy
 import os
 import platform
-import statistics
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..clock import Stopwatch
+from ..clock import median_seconds
 from ..device import check_device, default_device, describe_device
 
 __all__ = ["memory_bandwidth", "matmul_flops_per_second", "weight_read_floor", "machine_description",
@@ -43,19 +41,6 @@ def measured_on(device: str | torch.device | None = None, model: torch.nn.Module
     return describe_device(measurement_device(device, model))
 
 
-def _median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int = 1) -> float:
-    """Median seconds of ``fn`` after ``warmup`` unmeasured runs, each timed by a
-    :class:`kvlib.clock.Stopwatch` that waits for ``device``'s queued work at both ends."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        with Stopwatch(device) as watch:
-            fn()
-        times.append(watch.seconds)
-    return statistics.median(times)
-
-
 def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, device: str | torch.device | None = None) -> float:
     """Bytes per second the memory of ``device`` (default :func:`kvlib.default_device`) moves.
 
@@ -67,9 +52,9 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, device: str | 
     device = measurement_device(device)
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     if device.type == "cpu":
-        return nbytes / _median_seconds(x.sum, device, repeats)
+        return nbytes / median_seconds(x.sum, device, repeats, warmup=1)
     out = torch.empty_like(x)
-    return 2 * nbytes / _median_seconds(lambda: out.copy_(x), device, repeats)
+    return 2 * nbytes / median_seconds(lambda: out.copy_(x), device, repeats, warmup=1)
 
 
 def matmul_flops_per_second(n: int | None = None, repeats: int = 5, dtype: torch.dtype = torch.float32,
@@ -87,7 +72,7 @@ def matmul_flops_per_second(n: int | None = None, repeats: int = 5, dtype: torch
     n = n or (1024 if device.type == "cpu" else 4096)
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
-    return 2 * n ** 3 / _median_seconds(lambda: a @ b, device, repeats)
+    return 2 * n ** 3 / median_seconds(lambda: a @ b, device, repeats, warmup=1)
 
 
 def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | torch.device | None = None) -> float:
@@ -112,7 +97,7 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | to
                 layer(inputs[layer.in_features])
             output(inputs[model.config.d_model])
 
-    return _median_seconds(read_every_weight, device, repeats)
+    return median_seconds(read_every_weight, device, repeats, warmup=1)
 
 
 def _devices() -> list[str]:
