@@ -355,17 +355,20 @@ class _Run:
             return
         import llama_cpp
 
-        from .peer import open_llama_cpp
+        from .peer import extra_buffers_work, open_llama_cpp
 
         self.peer_version = getattr(llama_cpp, "__version__", "?")
+        extra = extra_buffers_work(str(self.path), torch.get_num_threads())
+        if not extra:
+            self.say("  llama.cpp's extra buffer types (AMX, repacked weights) crashed in a probe: running without them")
         tried = {}
         for flash in (False, True):
             self.say(f"timing llama.cpp (llama-cpp-python {self.peer_version}), flash attention "
                      f"{'on' if flash else 'off'}, on the same file ({self.repeats} runs) ...")
-            llm = open_llama_cpp(self.path, torch.get_num_threads(), flash_attn=flash)
+            llm = open_llama_cpp(self.path, torch.get_num_threads(), flash_attn=flash, extra_buffers=extra)
             tried[flash] = (llm, _time_peer(llm, self.prompt, self.n_new, self.repeats))
         flash, (self.llm, row) = best_peer_setting(tried)
-        self.peer_setting = {"flash_attn": flash, "decode_step_seconds": {
+        self.peer_setting = {"flash_attn": flash, "extra_buffers": extra, "decode_step_seconds": {
             ("on" if f else "off"): r.decode_step_seconds for f, (_, r) in tried.items()}}
         self.rows.append(row)
 

@@ -8,18 +8,27 @@ runs without the peer's rows.
 The peer is driven with the token ids of kvlib's tokenizer: the GGUF file carries the
 vocabulary, so both programs read the same ids. It decodes greedily with its own KV cache,
 reset before every run so that the prompt is prefilled each time.
+
+llama.cpp's "extra buffer types" (weights repacked for its AMX and other special kernels, on by
+default) are used when a short run with them survives in a child process
+(:func:`extra_buffers_work`): on an Intel Xeon with AMX its AMX matrix product crashed the
+process (a segmentation fault in ``ggml_backend_amx_mul_mat``, llama-cpp-python 0.3.36), and the
+peer then runs without them, with its ordinary CPU kernels, and says so.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["PINNED", "PeerRun", "BatchedPeerRun", "llama_cpp_missing", "open_llama_cpp", "greedy_run",
-           "batched_greedy_run", "first_difference"]
+__all__ = ["PINNED", "PeerRun", "BatchedPeerRun", "llama_cpp_missing", "extra_buffers_work", "open_llama_cpp",
+           "greedy_run", "batched_greedy_run", "first_difference"]
 
 PINNED = "llama-cpp-python==0.3.36"
 
@@ -50,13 +59,61 @@ def llama_cpp_missing() -> str | None:
             "(it needs cmake and a C++ compiler, and takes a few minutes once; pip keeps the wheel)")
 
 
-def open_llama_cpp(path: str | Path, threads: int, n_ctx: int = 2048, *, flash_attn: bool = False) -> Any:
+def open_llama_cpp(path: str | Path, threads: int, n_ctx: int = 2048, *, flash_attn: bool = False,
+                   extra_buffers: bool | None = None) -> Any:
     """The GGUF file at ``path`` in llama.cpp, with ``threads`` threads for prefill and decode alike,
-    and its flash-attention kernel on or off (which is faster depends on the machine)."""
+    and its flash-attention kernel on or off (which is faster depends on the machine).
+
+    ``extra_buffers``: whether llama.cpp may repack the weights for its special kernels (AMX and
+    others; its default); ``None`` uses them where :func:`extra_buffers_work` says they run here."""
     from llama_cpp import Llama
 
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 n_batch=512, flash_attn=flash_attn, verbose=False)
+    if extra_buffers is None:
+        extra_buffers = extra_buffers_work(str(path), threads)
+    with contextlib.nullcontext() if extra_buffers else _without_extra_buffers():
+        return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                     n_batch=512, flash_attn=flash_attn, verbose=False)
+
+
+_PROBE = """
+import sys
+from llama_cpp import Llama
+for flash in (False, True):
+    llm = Llama(model_path=sys.argv[1], n_ctx=256, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
+                flash_attn=flash, verbose=False)
+    for n, token in enumerate(llm.generate(list(range(1, 65)), top_k=1, temp=0.0, reset=True)):
+        if n == 3:
+            break
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def extra_buffers_work(path: str, threads: int) -> bool:
+    """Whether llama.cpp, with its extra buffer types on (its default), reads ``path`` and writes a few
+    tokens with ``threads`` threads without crashing: tried once per process, in a child process,
+    since a crash in its native code would end this one."""
+    probe = subprocess.run([sys.executable, "-c", _PROBE, path, str(threads)], capture_output=True, timeout=300)
+    return probe.returncode == 0
+
+
+@contextlib.contextmanager
+def _without_extra_buffers():
+    """``Llama(...)`` made inside loads its weights with ``use_extra_bufts`` off (llama-cpp-python
+    has no argument for it: its model parameters start from ``llama_model_default_params``)."""
+    import llama_cpp.llama_cpp as lc
+
+    default = lc.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lc.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params = default
 
 
 def greedy_run(llm: Any, prompt: Sequence[int], n_new: int, *,

@@ -121,8 +121,11 @@ def _peer_setting(setting: dict | None) -> str:
     if not setting:
         return ""
     steps = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in setting["decode_step_seconds"].items())
+    crashed = ("" if setting.get("extra_buffers", True) else
+               " Its extra buffer types (weights repacked for its AMX and other special kernels, on by default) "
+               "crashed llama.cpp in a probe on this machine, so it runs without them, with its ordinary CPU kernels.")
     return (f" Its rows use flash attention {'on' if setting['flash_attn'] else 'off'}, the faster of the two "
-            f"on this machine (decode step: {steps}).")
+            f"on this machine (decode step: {steps}).{crashed}")
 
 
 def _bandwidth(result: dict) -> list[str]:

@@ -194,6 +194,32 @@ def test_the_peer_is_compared_at_its_best_setting(monkeypatch):
                       "setting": {"flash_attn": False, "decode_step_seconds": {"off": 0.015, "on": 0.023}}}
     assert ("Its rows use flash attention off, the faster of the two on this machine (decode step: off 15.0 ms, "
             "on 23.0 ms).") in to_markdown(result)
+    assert "crashed" not in to_markdown(result)
+    result["peer"]["setting"]["extra_buffers"] = False
+    assert "crashed llama.cpp in a probe on this machine, so it runs without them" in to_markdown(result)
+
+
+def test_the_extra_buffer_probe_reads_the_childs_exit(monkeypatch):
+    """llama.cpp's extra buffer types are used only when a child process running them exits
+    cleanly: a child killed by a segmentation fault (what its AMX kernel did on one Xeon) says no,
+    and the probe runs once per file and thread count."""
+    import subprocess
+
+    import kvlib.measure.peer as peer
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, -11 if cmd[-2] == "crashes.gguf" else 0)
+
+    monkeypatch.setattr(peer.subprocess, "run", fake_run)
+    peer.extra_buffers_work.cache_clear()
+    assert peer.extra_buffers_work("crashes.gguf", 2) is False
+    assert peer.extra_buffers_work("works.gguf", 2) is True
+    assert peer.extra_buffers_work("works.gguf", 2) is True and len(calls) == 2
+    assert calls[0][1] == "-c" and calls[0][-1] == "2"
+    peer.extra_buffers_work.cache_clear()
 
 
 def test_first_difference():

@@ -48,3 +48,23 @@ def test_batched_llama_cpp_decodes_every_sequence_as_alone(flash_attn):
     four = batched_greedy_run(llm, [prompt[:40]] * 3 + [prompt[:60]], 5)
     assert four.tokens[0] == four.tokens[1] == four.tokens[2] != four.tokens[3]
     assert four.prefill_seconds > 0 and all(s > 0 for s in four.step_seconds)
+
+
+def test_llama_cpp_without_its_extra_buffers_writes_the_same_first_tokens():
+    """The fallback where llama.cpp's extra buffer types crash (its AMX kernel on one Xeon): the
+    weights are loaded with ``use_extra_bufts`` off, the default is restored afterwards, and the
+    first greedy tokens are those of the default path where that one runs (or of kvlib's
+    reference test above where it does not)."""
+    import llama_cpp.llama_cpp as lc
+
+    from kvlib import load_smollm2, smollm2_path
+    from kvlib.data import demo_prompt
+    from kvlib.measure.peer import extra_buffers_work, greedy_run, open_llama_cpp
+
+    _, tokenizer = load_smollm2()
+    prompt = demo_prompt(tokenizer)
+    threads = torch.get_num_threads()
+    plain = greedy_run(open_llama_cpp(smollm2_path(), threads=threads, extra_buffers=False), prompt, 6).tokens
+    assert lc.llama_model_default_params().use_extra_bufts, "the default parameters were not restored"
+    if extra_buffers_work(str(smollm2_path()), threads):
+        assert greedy_run(open_llama_cpp(smollm2_path(), threads=threads), prompt, 6).tokens[:4] == plain[:4]
