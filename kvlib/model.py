@@ -32,6 +32,20 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+def tied_logits(x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    """The tied output layer: ``x`` ``(batch, k, d_model)`` times the embedding ``(vocab, d_model)``,
+    transposed, giving logits ``(batch, k, vocab)``.
+
+    A single bfloat16 row (a decode step of one sequence, in a bfloat16 model) goes through
+    ``torch.mv``: PyTorch's CPU kernel for a one-row bfloat16 matrix product is slower than its
+    matrix-vector product, which computes the same dot products, accumulated in float32 (the
+    logits agree to bfloat16 rounding; ``tests/test_model.py``). Everything else is ``F.linear``.
+    """
+    if x.dtype == torch.bfloat16 and x.shape[0] * x.shape[1] == 1:
+        return torch.mv(embedding, x.reshape(-1)).reshape(1, 1, -1)        # (vocab,) -> (1, 1, vocab)
+    return F.linear(x, embedding)
+
+
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
@@ -163,7 +177,7 @@ class Decoder(nn.Module):
             x = x[:, last:][:, :1]
         if self.lm_head is not None:
             return self.lm_head(self.norm(x))
-        return F.linear(self.norm(x), self.embed.weight)           # tied input/output embedding
+        return tied_logits(self.norm(x), self.embed.weight)        # tied input/output embedding
 
     def check_input(self, ids: torch.Tensor, cache: KVCache | None = None,
                     n_tokens: Sequence[int] | None = None) -> None:
