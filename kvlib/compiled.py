@@ -37,9 +37,11 @@ from .device import cpu_name
 from .paths import cache_dir
 
 # Inductor's options for the step. emulate_precision_casts: round in bfloat16 where eager does
-# (see above). No cpp_wrapper: a C++ wrapper around the kernels saves about a millisecond a
-# step but makes the first compile several times longer (minutes more on a 2-core CPU).
-COMPILE_OPTIONS = {"emulate_precision_casts": True}
+# (see above). size_asserts off: the generated code would check the sizes and strides of each of
+# the step's hundreds of inputs and outputs again, in Python, at every call, after dynamo's guards
+# have checked the inputs. No cpp_wrapper: a C++ wrapper around the kernels saves about a
+# millisecond a step but makes the first compile several times longer (minutes on a 2-core CPU).
+COMPILE_OPTIONS = {"emulate_precision_casts": True, "size_asserts": False}
 
 
 def compile_cache_dir() -> Path:
@@ -120,6 +122,15 @@ def _cache_sizes_are_dynamic():
                                       force_parameter_static_shapes=False, specialize_float=True)
 
 
+def _weights_are_static(model: torch.nn.Module) -> None:
+    """Tell torch.compile that ``model``'s weights keep their shapes. :func:`_cache_sizes_are_dynamic`
+    lets every module tensor take any size, the weights too, and ``dynamic=True`` would then
+    give each weight dimension a symbol of its own: more to trace, and more guards to check at
+    every call. Marked static, only the cache's lengths and the batch stay symbols."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        torch._dynamo.mark_static(tensor)
+
+
 class CompiledDecodeStep:
     """``step(ids, cache)``: what ``model(ids, cache, last_only=True)`` returns, for one new token, compiled.
 
@@ -134,6 +145,7 @@ class CompiledDecodeStep:
         self.compile_seconds: float | None = None
         self.announce = False
         compile_cache_dir()
+        _weights_are_static(model)
         # dynamic=True: one compiled graph serves every position, cache length and batch size.
         self._fn = torch.compile(_decode_one_token, dynamic=True, options=COMPILE_OPTIONS)
 
