@@ -81,8 +81,9 @@ def _kernel_choice(result: dict) -> list[str]:
     dense = ("the int4 kernel at every batch size measured" if c["dense_from"] is None else
              f"the dense bfloat16 weights from {c['dense_from']} rows on, the int4 kernel below")
     return ["", f"The fast path's kernels, measured on this machine (`kvlib.fast.kernel_choice`, kept in kvlib's "
-                f"folder for the next run): output layer **{c['output_layer']}** (one row: {out}; int8 only when "
-                f"clearly faster, as it rounds the embedding again); 4-bit layers: **{dense}** (one layer of each "
+                f"folder for the next run): output layer **{c['output_layer']}** (a decode step with each: {out}; "
+                f"int8 only when the step is clearly faster with it, as it rounds the embedding again); 4-bit "
+                f"layers: **{dense}** (one layer of each "
                 f"shape, summed: {sizes})."]
 
 

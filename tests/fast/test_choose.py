@@ -48,6 +48,26 @@ def test_dense_from_is_where_dense_wins_from_there_on(int4, dense):
         assert all(wins[k:]) and (k == 0 or not all(wins[k - 1:]))
 
 
+def test_output_layers_are_timed_in_a_whole_decode_step(native):
+    """Each output layer is timed inside a cached one-token step of the model (alone, a layer can
+    sit in the processor's caches), and the model's own output layer is put back afterwards."""
+    fast = fuse(native)
+    seen = []
+
+    def timer(fn):
+        blocks: list[int] = []
+        hook = fast.blocks[0].register_forward_pre_hook(lambda module, args: blocks.append(args[0].shape[1]))
+        fn()
+        hook.remove()
+        seen.append((type(fast.lm_head).__name__, blocks))
+        return 1e-3
+
+    measure_kernels(fast, batch_sizes=(1,), timer=timer)
+    in_steps = {name for name, blocks in seen if blocks == [1]}             # one token through the model
+    assert in_steps == {"NoneType", "Int8Linear"}
+    assert fast.lm_head is None
+
+
 def test_measurement_names_every_candidate(native):
     fast = fuse(native)
     output_ms, layers_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=lambda fn: (fn(), 1e-3)[1])

@@ -326,7 +326,7 @@ def test_markdown_report_with_quality_batched_and_goals():
     assert "| prefill, kvlib's fastest / llama.cpp | 2.00× | 1.91× | no |  |  |" in md
     assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in md
     assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in md
-    assert "output layer **int8** (one row: tied bfloat16 2.75 ms, int8 1.40 ms;" in md
+    assert "output layer **int8** (a decode step with each: tied bfloat16 2.75 ms, int8 1.40 ms;" in md
     assert "4-bit layers: **the int4 kernel at every batch size measured** (" in md
 
 
