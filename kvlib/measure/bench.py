@@ -143,8 +143,8 @@ def stored_weight_bytes(model: torch.nn.Module) -> int:
             + sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("rope.")))
 
 
-MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
-                    "aten::_weight_int4pack_mm_for_cpu")
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_",
+                    "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
 
 
 ATTENTION_OPERATORS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
