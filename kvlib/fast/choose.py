@@ -10,8 +10,7 @@ measures them rather than guessing, and keeps the result in its folder
   whole decode step is faster with it by a clear margin (:data:`OUTPUT_INT8_MARGIN`): it moves
   the predictions, the tied layer does not. The step, not the layer alone: timed alone, a layer
   can sit in the processor's caches and look faster than it is inside a step, where every weight
-  streams through them (on one Intel Xeon, int8 alone took 72 % of the tied layer's time, and
-  a step with it 99 % of the step with the tied layer);
+  streams through them (the benchmark's appendix gives one machine's figures);
 - **the 4-bit layers at each batch size**: at one row a step only reads the weights, and the
   int4 kernel reads a quarter of bfloat16's bytes; with many rows the arithmetic catches up,
   and a dense bfloat16 product of the dequantized weights may win. ``dense_from`` is the
