@@ -241,3 +241,26 @@ def test_the_tied_layers_matrix_vector_product_stays_one_kernel():
         logits, code = run_and_get_code(step, x)
         torch.testing.assert_close(logits, tied_logits(norm(x + 1), embedding), rtol=2 ** -7, atol=0.05)
     assert "torch.ops.kvlib.matvec.default(" in "".join(code), "the matrix-vector product was written out by Inductor"
+
+
+def test_the_cpp_wrapper_step_writes_eagers_tokens():
+    """``cpp_wrapper=True`` (the benchmark's fastest path) generates a C++ wrapper around the same
+    kernels: the 4-bit model's tokens are eager's and its logits within a bfloat16 step. A model
+    keeps one compiled step, so asking it for the other wrapper afterwards is an error."""
+    from torch._inductor.utils import run_and_get_code
+
+    from kvlib.quant import quantize
+
+    torch.manual_seed(1)
+    cfg = Config(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
+    fresh = quantize(Decoder(cfg).eval(), "int4", group_size=32)
+    prompt = [3, 14, 15, 9, 26, 5, 35]
+    eager = generate(fresh, prompt, 12, keep_logits=True)
+    step = compiled_decode_step(fresh, cpp_wrapper=True)
+    compiled, code = run_and_get_code(lambda: generate(fresh, prompt, 12, keep_logits=True, compile=True))
+    assert step.cpp_wrapper and compiled_decode_step(fresh) is step
+    assert "inductor_entry_impl" in "".join(code), "the generated step has no C++ wrapper"
+    assert compiled.tokens == eager.tokens
+    assert _bf16_steps(compiled.logits, eager.logits) <= 1
+    with pytest.raises(ValueError, match="cpp_wrapper=True"):
+        compiled_decode_step(fresh, cpp_wrapper=False)

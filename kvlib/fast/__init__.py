@@ -20,6 +20,9 @@ __all__ = ["fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "
 def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:
     """The fast path of a native 4-bit :class:`kvlib.Decoder`: :func:`fuse`'d, with the kernels
     this machine measured fastest (:func:`kernel_choice`, measured once and kept; or ``choice``).
-    Compile its decode step with ``generate(..., compile=True)``. ``model`` is left as it was."""
+    Compile its decode step with ``generate(..., compile=True)``; calling
+    ``kvlib.compiled.compiled_decode_step(fast, cpp_wrapper=True)`` before that makes the step
+    call its kernels from C++ (shorter steps, a longer first compile: the benchmark does it).
+    ``model`` is left as it was."""
     out = fuse(model)
     return apply_choice(out, choice or kernel_choice(out))

@@ -196,7 +196,9 @@ def _compile_note(result: dict) -> list[str]:
                  "compiled code. torch keeps compiled code on disk (kvlib's folder), so it is shorter when an "
                  "earlier run on the same machine compiled the same step."]
     if result.get("compile_seconds_fast") is not None:
-        lines[-1] += f" The fast 4-bit path's first compiled call took {fmt_seconds(result['compile_seconds_fast'])}."
+        lines[-1] += (" The fast 4-bit path's step is compiled with Inductor's C++ wrapper (`compiled_decode_step(model, "
+                      "cpp_wrapper=True)`: its kernels called from C++, not Python; a longer first compile); its first "
+                      f"compiled call took {fmt_seconds(result['compile_seconds_fast'])}.")
     new = result.get("new_process")
     if new:
         phases = ", ".join(f"{name} {sec:.1f} s" for name, sec in list(new["phases"].items())[:6])
