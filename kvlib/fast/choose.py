@@ -10,7 +10,10 @@ measures them rather than guessing, and keeps the result in its folder
   whole decode step is faster with it by a clear margin (:data:`OUTPUT_INT8_MARGIN`): it moves
   the predictions, the tied layer does not. The step, not the layer alone: timed alone, a layer
   can sit in the processor's caches and look faster than it is inside a step, where every weight
-  streams through them (the benchmark's appendix gives one machine's figures);
+  streams through them (the benchmark's appendix gives one machine's figures). The int8 kernel
+  pays off for one row only: with more, its arithmetic costs more than the bytes it saves, so an
+  int8 output layer also gets an ``output_dense_from`` (the same rule as the 4-bit layers', below),
+  from which it multiplies by its own weight dequantized once to bfloat16;
 - **the 4-bit layers at each batch size**: at one row a step only reads the weights, and the
   int4 kernel reads a quarter of bfloat16's bytes; with many rows the arithmetic catches up,
   and a dense bfloat16 product of the dequantized weights may win. ``dense_from`` is the
@@ -37,14 +40,14 @@ from ..paths import cache_dir
 from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 
 __all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "measure_kernels", "choose",
-           "kernel_choice", "choice_path", "apply_choice"]
+           "dense_from", "kernel_choice", "choice_path", "apply_choice"]
 
 OUTPUT_INT8_MARGIN = 0.95   # int8 output layer only when a decode step with it takes under 95 % of the tied one's
 DENSE_MARGIN = 0.9          # dense 4-bit layers only when they take under 90 % of the int4 kernel's time
 BATCH_SIZES = (1, 8, 32)
 # How the candidates are run and timed: in every machine key, so that a choice kept from an
 # earlier way of running them (the output layer alone, before tied_logits) is measured again.
-MEASURED_AS = "kvlib kernels 3"
+MEASURED_AS = "kvlib kernels 4"
 
 Timer = Callable[[Callable[[], object]], float]
 
@@ -58,6 +61,8 @@ class KernelChoice:
     output_ms: dict[str, float] = field(default_factory=dict)          # output layer -> ms of a decode step
     layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, one layer
     machine: str = ""
+    output_dense_from: int | None = None  # batch size from which an int8 output layer uses its dense weight
+    output_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms
 
 
 def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
@@ -71,11 +76,13 @@ def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
 
 @torch.no_grad()
 def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES,
-                    timer: Timer = median_seconds) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+                    timer: Timer = median_seconds) -> tuple[dict[str, float], dict[str, dict[str, float]],
+                                                            dict[str, dict[str, float]]]:
     """Time the candidates on this machine: a decode step of ``model`` with each output layer
-    (tied bfloat16, int8), and one of each shape of ``model``'s 4-bit layers at each batch size
-    (int4 kernel, dense bfloat16), summed over the shapes. Milliseconds: ``(output_ms, layers_ms)``
-    for :func:`choose`."""
+    (tied bfloat16, int8); one of each shape of ``model``'s 4-bit layers at each batch size (int4
+    kernel, dense bfloat16), summed over the shapes; and the int8 output layer alone at each batch
+    size above one (its kernel, its dense bfloat16 weight). Milliseconds: ``(output_ms, layers_ms,
+    output_rows_ms)`` for :func:`choose`."""
     heads = {"tied bfloat16": None, "int8": Int8Linear.from_weight(model.embed.weight.detach().float())}
     output_ms: dict[str, float] = {}
     for _ in range(2):                    # in turns, the lower of two, so that drift does not favour one
@@ -90,7 +97,14 @@ def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_S
             totals["int4"] += 1e3 * timer(lambda: layer(xb))
             totals["dense bfloat16"] += 1e3 * timer(lambda: F.linear(xb, dense))
         layers_ms[str(b)] = totals
-    return output_ms, layers_ms
+    int8 = heads["int8"]
+    dense_head = int8.dense_weight(COMPUTE_DTYPE)
+    output_rows_ms: dict[str, dict[str, float]] = {}
+    for b in (b for b in batch_sizes if b > 1):
+        xb = torch.randn(1, b, int8.in_features).to(COMPUTE_DTYPE)               # (1, rows, d_model)
+        output_rows_ms[str(b)] = {"int8": 1e3 * timer(lambda: int8(xb)),
+                                  "dense bfloat16": 1e3 * timer(lambda: F.linear(xb, dense_head))}
+    return output_ms, layers_ms, output_rows_ms
 
 
 def _decode_step_ms(model: torch.nn.Module, head: torch.nn.Module | None, timer: Timer) -> float:
@@ -112,13 +126,21 @@ def _decode_step_ms(model: torch.nn.Module, head: torch.nn.Module | None, timer:
         model.lm_head = kept
 
 
-def choose(output_ms: dict[str, float], layers_ms: dict[str, dict[str, float]], machine: str = "") -> KernelChoice:
+def choose(output_ms: dict[str, float], layers_ms: dict[str, dict[str, float]], machine: str = "",
+           output_rows_ms: dict[str, dict[str, float]] | None = None) -> KernelChoice:
     """The rule, from measurements alone (see the module's docstring for why the margins)."""
     int8_wins = output_ms["int8"] < OUTPUT_INT8_MARGIN * output_ms["tied bfloat16"]
-    sizes = sorted(int(b) for b in layers_ms)
-    wins = [layers_ms[str(b)]["dense bfloat16"] < DENSE_MARGIN * layers_ms[str(b)]["int4"] for b in sizes]
-    dense_from = next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
-    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from, output_ms, layers_ms, machine)
+    rows = output_rows_ms or {}
+    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from(layers_ms, "int4"), output_ms,
+                        layers_ms, machine, dense_from(rows, "int8") if int8_wins else None, rows)
+
+
+def dense_from(ms: dict[str, dict[str, float]], kernel: str) -> int | None:
+    """The smallest batch size in ``ms`` (batch size -> kernel -> ms) from which the dense bfloat16
+    product takes under :data:`DENSE_MARGIN` of ``kernel``'s time, at that size and every larger one."""
+    sizes = sorted(int(b) for b in ms)
+    wins = [ms[str(b)]["dense bfloat16"] < DENSE_MARGIN * ms[str(b)][kernel] for b in sizes]
+    return next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
 
 
 def machine_key(model: torch.nn.Module) -> str:
@@ -143,7 +165,8 @@ def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer
     kept = json.loads(path.read_text()) if path.exists() else {}
     if key in kept and not refresh:
         return KernelChoice(**kept[key])
-    choice = choose(*measure_kernels(model, timer=timer), machine=key)
+    output_ms, layers_ms, output_rows_ms = measure_kernels(model, timer=timer)
+    choice = choose(output_ms, layers_ms, key, output_rows_ms)
     kept[key] = asdict(choice)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(kept, indent=1) + "\n")
@@ -153,9 +176,13 @@ def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer
 @torch.no_grad()
 def apply_choice(model: torch.nn.Module, choice: KernelChoice) -> torch.nn.Module:
     """Set ``model``'s kernels (in place) as ``choice`` says: the output layer, and each 4-bit layer's
-    ``dense_from`` with its dense weight built now (not inside a compiled step)."""
+    ``dense_from`` with its dense weight built now (not inside a compiled step); an int8 output
+    layer's ``output_dense_from`` likewise."""
     if choice.output_layer == "int8":
         model.lm_head = Int8Linear.from_weight(model.embed.weight.float())
+        model.lm_head.dense_from = choice.output_dense_from
+        if choice.output_dense_from is not None:
+            model.lm_head.dense_weight(COMPUTE_DTYPE)
     elif choice.output_layer == "tied bfloat16":
         model.lm_head = None
     else:

@@ -48,6 +48,17 @@ def test_dense_from_is_where_dense_wins_from_there_on(int4, dense):
         assert all(wins[k:]) and (k == 0 or not all(wins[k - 1:]))
 
 
+def test_an_int8_output_layer_leaves_its_kernel_where_dense_wins():
+    """Its kernel pays off for one row; from the batch size where its dense weight wins (by the 4-bit
+    layers' rule) it takes that. Only for int8: the tied layer is dense already."""
+    layers = _layers({1: 1.0}, {1: 2.0})
+    rows = {"8": {"int8": 3.4, "dense bfloat16": 2.8}, "32": {"int8": 13.7, "dense bfloat16": 4.1}}
+    assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 8
+    rows["8"]["dense bfloat16"] = 3.3                     # not a clear win at 8: from 32
+    assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 32
+    assert choose({"tied bfloat16": 1.0, "int8": 1.0}, layers, "", rows).output_dense_from is None
+
+
 def test_output_layers_are_timed_in_a_whole_decode_step(native):
     """Each output layer is timed inside a cached one-token step of the model (alone, a layer can
     sit in the processor's caches), and the model's own output layer is put back afterwards."""
@@ -70,9 +81,10 @@ def test_output_layers_are_timed_in_a_whole_decode_step(native):
 
 def test_measurement_names_every_candidate(native):
     fast = fuse(native)
-    output_ms, layers_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=lambda fn: (fn(), 1e-3)[1])
+    output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=lambda fn: (fn(), 1e-3)[1])
     assert output_ms == {"tied bfloat16": 1.0, "int8": 1.0}
     assert set(layers_ms) == {"1", "4"}
+    assert output_rows_ms == {"4": {"int8": 1.0, "dense bfloat16": 1.0}}      # one row is the step's measurement
     # one timing per distinct 4-bit layer shape (wqkv, wo, gate_up, down: 3 shapes here), summed
     shapes = {(m.out_features, m.in_features) for m in fast.modules() if isinstance(m, Int4Linear)}
     assert layers_ms["4"]["int4"] == pytest.approx(len(shapes))
@@ -99,13 +111,16 @@ def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("choice", [KernelChoice("tied bfloat16", None), KernelChoice("tied bfloat16", 1),
-                                    KernelChoice("int8", 4)])
+                                    KernelChoice("int8", 4), KernelChoice("int8", None, output_dense_from=4)])
 def test_every_choice_writes_its_formats_tokens(native, choice):
     """Batch 1 and 6: the int4 kernel, the dense weight (from 1 or 4 rows on), the int8 output layer.
     The tied and dense choices compute what the native model computes (up to bfloat16 rounding):
     the same greedy tokens. The int8 output layer rounds the embedding again: compared with
     the same format eager (``fuse`` with its int8 output layer)."""
     fast = apply_choice(fuse(native), choice)
+    if choice.output_dense_from is not None:           # 6 rows at once take the dense weight, 1 row the kernel
+        assert fast.lm_head.uses_kernel(torch.ones(1, 1, CFG.d_model))
+        assert not fast.lm_head.uses_kernel(torch.ones(6, 1, CFG.d_model))
     reference = native if choice.output_layer == "tied bfloat16" else fuse(native, int8_output_layer=True)
     prompts = [[(7 * i + j) % 97 for j in range(5 + i)] for i in range(6)]
     _same_or_tie(generate(fast, prompts[0], 12, keep_logits=True), generate(reference, prompts[0], 12, keep_logits=True))

@@ -335,6 +335,10 @@ def test_markdown_report_with_quality_batched_and_goals():
     assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in md
     assert "output layer **int8** (a decode step with each: tied bfloat16 2.75 ms, int8 1.40 ms;" in md
     assert "4-bit layers: **the int4 kernel at every batch size measured** (" in md
+    assert "as it rounds the embedding again); 4-bit" in md          # no rows measured for the int8 layer: no clause
+    result["kernel_choice"].update(output_dense_from=8, output_rows_ms={"8": {"int8": 3.4, "dense bfloat16": 2.8}})
+    assert ("again), **its weight dequantized to bfloat16 from 8 rows on, its kernel below** (the layer alone: 8 rows: "
+            "int8 3.40 ms, dense bfloat16 2.80 ms); 4-bit") in to_markdown(result)
 
 
 def test_new_process_measurement_reads_the_childs_report(monkeypatch):
