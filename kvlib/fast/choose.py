@@ -13,12 +13,15 @@ measures them rather than guessing, and keeps the result in its folder
   streams through them (the benchmark's appendix gives one machine's figures). The int8 kernel
   pays off for one row only: with more, its arithmetic costs more than the bytes it saves, so an
   int8 output layer also gets an ``output_dense_from`` (the same rule as the 4-bit layers', below),
-  from which it multiplies by its own weight dequantized once to bfloat16;
+  from which it multiplies by its own weight dequantized once;
 - **the 4-bit layers at each batch size**: at one row a step only reads the weights, and the
   int4 kernel reads a quarter of bfloat16's bytes; with many rows the arithmetic catches up,
-  and a dense bfloat16 product of the dequantized weights may win. ``dense_from`` is the
-  smallest batch size measured from which the dense product is faster, for every larger
-  size measured too (``None``: the int4 kernel at every size).
+  and a dense product of the dequantized weights may win. Which dense product: bfloat16 where
+  the CPU multiplies it fast (AVX-512 with bfloat16 instructions, AMX), float32 where it does
+  not (an AVX2-only CPU converts every bfloat16 number first), whichever is faster at the
+  largest batch size measured (``dense_kernel``). ``dense_from`` is the smallest batch size
+  measured from which that product is faster, for every larger size measured too (``None``: the
+  int4 kernel at every size). A float32 dense copy holds twice a bfloat16 one's bytes.
 
 The choice changes which kernel runs, never what is computed beyond the order of float
 roundings; ``tests/fast/test_choose.py`` checks that the greedy tokens stay the model's own.
@@ -39,15 +42,16 @@ from ..device import cpu_name
 from ..paths import cache_dir
 from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 
-__all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "measure_kernels", "choose",
-           "dense_from", "kernel_choice", "choice_path", "apply_choice"]
+__all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "measure_kernels",
+           "choose", "dense_kernel", "dense_from", "kernel_choice", "choice_path", "apply_choice"]
 
 OUTPUT_INT8_MARGIN = 0.95   # int8 output layer only when a decode step with it takes under 95 % of the tied one's
 DENSE_MARGIN = 0.9          # dense 4-bit layers only when they take under 90 % of the int4 kernel's time
 BATCH_SIZES = (1, 8, 32)
+DENSE_KERNELS = {"dense bfloat16": torch.bfloat16, "dense float32": torch.float32}   # the dense candidates
 # How the candidates are run and timed: in every machine key, so that a choice kept from an
 # earlier way of running them (the output layer alone, before tied_logits) is measured again.
-MEASURED_AS = "kvlib kernels 4"
+MEASURED_AS = "kvlib kernels 6"
 
 Timer = Callable[[Callable[[], object]], float]
 
@@ -59,10 +63,12 @@ class KernelChoice:
     output_layer: str                   # "tied bfloat16" or "int8"
     dense_from: int | None              # batch size from which the 4-bit layers use their dense weight
     output_ms: dict[str, float] = field(default_factory=dict)          # output layer -> ms of a decode step
-    layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, one layer
+    layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, all 4-bit layers
     machine: str = ""
     output_dense_from: int | None = None  # batch size from which an int8 output layer uses its dense weight
     output_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms
+    dense_kernel: str = "dense bfloat16"          # the 4-bit layers' dense product, from dense_from on
+    output_dense_kernel: str = "dense bfloat16"   # an int8 output layer's, from output_dense_from on
 
 
 def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
@@ -79,32 +85,35 @@ def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_S
                     timer: Timer = median_seconds) -> tuple[dict[str, float], dict[str, dict[str, float]],
                                                             dict[str, dict[str, float]]]:
     """Time the candidates on this machine: a decode step of ``model`` with each output layer
-    (tied bfloat16, int8); one of each shape of ``model``'s 4-bit layers at each batch size (int4
-    kernel, dense bfloat16), summed over the shapes; and the int8 output layer alone at each batch
-    size above one (its kernel, its dense bfloat16 weight). Milliseconds: ``(output_ms, layers_ms,
-    output_rows_ms)`` for :func:`choose`."""
+    (tied bfloat16, int8); every 4-bit layer of ``model`` once, back to back, at each batch size
+    (int4 kernel, and each of :data:`DENSE_KERNELS`); and the int8 output layer alone at each batch
+    size above one (its kernel, its dense weight in each dtype). Milliseconds: ``(output_ms,
+    layers_ms, output_rows_ms)`` for :func:`choose`. Every layer, not one of each shape: alone, a
+    layer's weights stay in the processor's caches, where a dense float32 copy (eight times the
+    int4 bytes) looks faster than it is in a step, which streams them all from memory."""
     heads = {"tied bfloat16": None, "int8": Int8Linear.from_weight(model.embed.weight.detach().float())}
     output_ms: dict[str, float] = {}
     for _ in range(2):                    # in turns, the lower of two, so that drift does not favour one
         for name, head in heads.items():
             output_ms[name] = min(output_ms.get(name, float("inf")), _decode_step_ms(model, head, timer))
-    layers_ms: dict[str, dict[str, float]] = {}
-    for b in batch_sizes:
-        totals = {"int4": 0.0, "dense bfloat16": 0.0}
-        for layer in _layer_shapes(model):
-            xb = torch.randn(1, b, layer.in_features).to(COMPUTE_DTYPE)        # (1, rows, in)
-            dense = layer.dequantized().to(COMPUTE_DTYPE)
-            totals["int4"] += 1e3 * timer(lambda: layer(xb))
-            totals["dense bfloat16"] += 1e3 * timer(lambda: F.linear(xb, dense))
-        layers_ms[str(b)] = totals
-    int8 = heads["int8"]
-    dense_head = int8.dense_weight(COMPUTE_DTYPE)
-    output_rows_ms: dict[str, dict[str, float]] = {}
-    for b in (b for b in batch_sizes if b > 1):
-        xb = torch.randn(1, b, int8.in_features).to(COMPUTE_DTYPE)               # (1, rows, d_model)
-        output_rows_ms[str(b)] = {"int8": 1e3 * timer(lambda: int8(xb)),
-                                  "dense bfloat16": 1e3 * timer(lambda: F.linear(xb, dense_head))}
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    layers_ms = {str(b): _products_ms(layers, "int4", b, timer) for b in batch_sizes}
+    output_rows_ms = {str(b): _products_ms([heads["int8"]], "int8", b, timer) for b in batch_sizes if b > 1}
     return output_ms, layers_ms, output_rows_ms
+
+
+def _products_ms(layers: Sequence[Int4Linear | Int8Linear], kernel: str, rows: int, timer: Timer) -> dict[str, float]:
+    """Milliseconds of ``layers``, each once, back to back, on ``rows`` bfloat16 rows: with their own
+    kernel (named ``kernel``), and as products with their weights dequantized to each of
+    :data:`DENSE_KERNELS` (the input cast to that dtype and the output back, as a layer's dense
+    path does; the dense copies are made for the measurement and dropped)."""
+    xs = {n: torch.randn(1, rows, n).to(COMPUTE_DTYPE) for n in {layer.in_features for layer in layers}}  # (1, rows, in)
+    out = {kernel: 1e3 * timer(lambda: [layer(xs[layer.in_features]) for layer in layers])}
+    for name, dtype in DENSE_KERNELS.items():
+        dense = [layer.dequantized().to(dtype) for layer in layers]                  # (out, in) each
+        out[name] = 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).to(COMPUTE_DTYPE) for w in dense])
+        del dense
+    return out
 
 
 def _decode_step_ms(model: torch.nn.Module, head: torch.nn.Module | None, timer: Timer) -> float:
@@ -131,15 +140,27 @@ def choose(output_ms: dict[str, float], layers_ms: dict[str, dict[str, float]], 
     """The rule, from measurements alone (see the module's docstring for why the margins)."""
     int8_wins = output_ms["int8"] < OUTPUT_INT8_MARGIN * output_ms["tied bfloat16"]
     rows = output_rows_ms or {}
-    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from(layers_ms, "int4"), output_ms,
-                        layers_ms, machine, dense_from(rows, "int8") if int8_wins else None, rows)
+    dense, out_dense = dense_kernel(layers_ms), dense_kernel(rows)
+    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from(layers_ms, "int4", dense), output_ms,
+                        layers_ms, machine, dense_from(rows, "int8", out_dense) if int8_wins else None, rows,
+                        dense, out_dense)
 
 
-def dense_from(ms: dict[str, dict[str, float]], kernel: str) -> int | None:
-    """The smallest batch size in ``ms`` (batch size -> kernel -> ms) from which the dense bfloat16
+def dense_kernel(ms: dict[str, dict[str, float]]) -> str:
+    """The dense candidate (of :data:`DENSE_KERNELS`) measured fastest at the largest batch size in
+    ``ms`` (batch size -> kernel -> ms), where a dense product matters most; bfloat16, the
+    activations' own dtype, where ``ms`` is empty or times no other."""
+    if not ms:
+        return "dense bfloat16"
+    at = ms[str(max(int(b) for b in ms))]
+    return min((name for name in DENSE_KERNELS if name in at), key=at.__getitem__)
+
+
+def dense_from(ms: dict[str, dict[str, float]], kernel: str, dense: str = "dense bfloat16") -> int | None:
+    """The smallest batch size in ``ms`` (batch size -> kernel -> ms) from which the ``dense``
     product takes under :data:`DENSE_MARGIN` of ``kernel``'s time, at that size and every larger one."""
     sizes = sorted(int(b) for b in ms)
-    wins = [ms[str(b)]["dense bfloat16"] < DENSE_MARGIN * ms[str(b)][kernel] for b in sizes]
+    wins = [ms[str(b)][dense] < DENSE_MARGIN * ms[str(b)][kernel] for b in sizes]
     return next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
 
 
@@ -176,20 +197,24 @@ def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer
 @torch.no_grad()
 def apply_choice(model: torch.nn.Module, choice: KernelChoice) -> torch.nn.Module:
     """Set ``model``'s kernels (in place) as ``choice`` says: the output layer, and each 4-bit layer's
-    ``dense_from`` with its dense weight built now (not inside a compiled step); an int8 output
-    layer's ``output_dense_from`` likewise."""
+    ``dense_from`` and dense product's dtype, with its dense weight built now (not inside a compiled
+    step); an int8 output layer's ``output_dense_from`` likewise."""
     if choice.output_layer == "int8":
         model.lm_head = Int8Linear.from_weight(model.embed.weight.float())
-        model.lm_head.dense_from = choice.output_dense_from
-        if choice.output_dense_from is not None:
-            model.lm_head.dense_weight(COMPUTE_DTYPE)
+        _set_dense(model.lm_head, choice.output_dense_from, choice.output_dense_kernel)
     elif choice.output_layer == "tied bfloat16":
         model.lm_head = None
     else:
         raise ValueError(f"unknown output layer {choice.output_layer!r}: 'tied bfloat16' or 'int8'")
     for m in model.modules():
         if isinstance(m, Int4Linear):
-            m.dense_from = choice.dense_from
-            if choice.dense_from is not None:
-                m.dense_weight(COMPUTE_DTYPE)
+            _set_dense(m, choice.dense_from, choice.dense_kernel)
     return model
+
+
+def _set_dense(layer: Int4Linear | Int8Linear, rows: int | None, kernel: str) -> None:
+    if kernel not in DENSE_KERNELS:
+        raise ValueError(f"unknown dense kernel {kernel!r}: one of {sorted(DENSE_KERNELS)}")
+    layer.dense_from, layer.dense_dtype = rows, DENSE_KERNELS[kernel]
+    if rows is not None:
+        layer.dense_weight(layer.dense_dtype)

@@ -38,6 +38,7 @@ class _WeightOnly(nn.Module):
 
     force_dense: bool = False
     dense_from: int | None = None               # CPU inputs of this many rows or more use the dense weight
+    dense_dtype: torch.dtype | None = None      # the dense product's dtype (None: the input's)
     _dense: torch.Tensor | None = None          # the cached dense weight; never a buffer (not saved, not moved)
     out_features: int
 
@@ -78,7 +79,11 @@ class _WeightOnly(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
 
     def _dense_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.dense_weight(x.dtype))
+        """``F.linear`` with :meth:`dense_weight` in ``dense_dtype`` (``dense_dtype = torch.float32``
+        on an instance: a float32 product where a CPU multiplies float32 faster than bfloat16),
+        else in ``x``'s dtype; the result in ``x``'s dtype."""
+        dtype = self.dense_dtype or x.dtype
+        return F.linear(x.to(dtype), self.dense_weight(dtype)).to(x.dtype)
 
 
 class Int8Linear(_WeightOnly):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvlib import Config, Decoder, generate
 from kvlib.fast import KernelChoice, apply_choice, fast_model, fuse, kernel_choice
-from kvlib.fast.choose import DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose, measure_kernels
+from kvlib.fast.choose import DENSE_KERNELS, DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose, measure_kernels
 from kvlib.quant import Int4Linear, Int8Linear, quantize
 from kvlib.serve import generate_batch
 
@@ -24,8 +24,9 @@ def native():
     return quantize(Decoder(CFG).eval(), "int4", group_size=32)
 
 
-def _layers(int4: dict[int, float], dense: dict[int, float]) -> dict[str, dict[str, float]]:
-    return {str(b): {"int4": int4[b], "dense bfloat16": dense[b]} for b in int4}
+def _layers(int4: dict[int, float], dense: dict[int, float], f32: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+    f32 = f32 or {b: 100.0 for b in int4}                     # float32 slow unless the test says otherwise
+    return {str(b): {"int4": int4[b], "dense bfloat16": dense[b], "dense float32": f32[b]} for b in int4}
 
 
 def test_int8_output_layer_only_when_clearly_faster():
@@ -48,15 +49,37 @@ def test_dense_from_is_where_dense_wins_from_there_on(int4, dense):
         assert all(wins[k:]) and (k == 0 or not all(wins[k - 1:]))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3), st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3),
+       st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3))
+def test_the_dense_product_is_the_faster_dtype_at_the_largest_batch(int4, bf16, f32):
+    """An AVX2-only CPU converts bfloat16 before multiplying, so there a float32 product of the
+    dequantized weights can beat both the int4 kernel and a bfloat16 product: the dense dtype is
+    the one faster at 32 rows, and dense_from is judged against that one."""
+    sizes = [1, 8, 32]
+    choice = choose({"tied bfloat16": 1.0, "int8": 1.0},
+                    _layers(dict(zip(sizes, int4)), dict(zip(sizes, bf16)), dict(zip(sizes, f32))))
+    dense = choice.dense_kernel
+    assert dense == ("dense float32" if f32[2] < bf16[2] else "dense bfloat16")
+    times = f32 if dense == "dense float32" else bf16
+    wins = [d < DENSE_MARGIN * i for i, d in zip(int4, times)]
+    first = next((sizes[k] for k in range(3) if all(wins[k:])), None)
+    assert choice.dense_from == first
+
+
 def test_an_int8_output_layer_leaves_its_kernel_where_dense_wins():
     """Its kernel pays off for one row; from the batch size where its dense weight wins (by the 4-bit
     layers' rule) it takes that. Only for int8: the tied layer is dense already."""
     layers = _layers({1: 1.0}, {1: 2.0})
-    rows = {"8": {"int8": 3.4, "dense bfloat16": 2.8}, "32": {"int8": 13.7, "dense bfloat16": 4.1}}
+    rows = {"8": {"int8": 3.4, "dense bfloat16": 2.8, "dense float32": 5.0},
+            "32": {"int8": 13.7, "dense bfloat16": 4.1, "dense float32": 6.0}}
     assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 8
     rows["8"]["dense bfloat16"] = 3.3                     # not a clear win at 8: from 32
     assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 32
     assert choose({"tied bfloat16": 1.0, "int8": 1.0}, layers, "", rows).output_dense_from is None
+    rows["32"]["dense float32"] = 3.0                     # float32 faster at 32 rows: its product, from 32
+    chosen = choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows)
+    assert (chosen.output_dense_kernel, chosen.output_dense_from) == ("dense float32", 32)
 
 
 def test_output_layers_are_timed_in_a_whole_decode_step(native):
@@ -80,14 +103,27 @@ def test_output_layers_are_timed_in_a_whole_decode_step(native):
 
 
 def test_measurement_names_every_candidate(native):
+    """One timing per candidate and batch size; the 4-bit layers' timing runs every 4-bit layer of
+    the model once (alone, one layer's weights stay in the caches, as they do not in a step)."""
     fast = fuse(native)
-    output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=lambda fn: (fn(), 1e-3)[1])
+    layers = [m for m in fast.modules() if isinstance(m, Int4Linear)]
+    runs = []
+
+    def timer(fn):
+        seen: list[int] = []
+        hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
+        fn()
+        for h in hooks:
+            h.remove()
+        runs.append(len(seen))
+        return 1e-3
+
+    output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=timer)
     assert output_ms == {"tied bfloat16": 1.0, "int8": 1.0}
-    assert set(layers_ms) == {"1", "4"}
-    assert output_rows_ms == {"4": {"int8": 1.0, "dense bfloat16": 1.0}}      # one row is the step's measurement
-    # one timing per distinct 4-bit layer shape (wqkv, wo, gate_up, down: 3 shapes here), summed
-    shapes = {(m.out_features, m.in_features) for m in fast.modules() if isinstance(m, Int4Linear)}
-    assert layers_ms["4"]["int4"] == pytest.approx(len(shapes))
+    assert set(layers_ms) == {"1", "4"} and layers_ms["4"] == {"int4": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}
+    assert output_rows_ms == {"4": {"int8": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}}   # one row: the step's
+    # every layer once: the 4 decode steps (each output layer, twice) and the int4 kernel at 1 and 4 rows
+    assert runs.count(len(layers)) == 4 + 2 and len(layers) == 4 * CFG.n_layers
 
 
 def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_path):
@@ -111,7 +147,9 @@ def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("choice", [KernelChoice("tied bfloat16", None), KernelChoice("tied bfloat16", 1),
-                                    KernelChoice("int8", 4), KernelChoice("int8", None, output_dense_from=4)])
+                                    KernelChoice("tied bfloat16", 4, dense_kernel="dense float32"),
+                                    KernelChoice("int8", 4), KernelChoice("int8", None, output_dense_from=4),
+                                    KernelChoice("int8", None, output_dense_from=4, output_dense_kernel="dense float32")])
 def test_every_choice_writes_its_formats_tokens(native, choice):
     """Batch 1 and 6: the int4 kernel, the dense weight (from 1 or 4 rows on), the int8 output layer.
     The tied and dense choices compute what the native model computes (up to bfloat16 rounding):
@@ -121,6 +159,11 @@ def test_every_choice_writes_its_formats_tokens(native, choice):
     if choice.output_dense_from is not None:           # 6 rows at once take the dense weight, 1 row the kernel
         assert fast.lm_head.uses_kernel(torch.ones(1, 1, CFG.d_model))
         assert not fast.lm_head.uses_kernel(torch.ones(6, 1, CFG.d_model))
+        assert fast.lm_head.dense_dtype == DENSE_KERNELS[choice.output_dense_kernel]
+    int4 = [m for m in fast.modules() if isinstance(m, Int4Linear)]
+    assert {m.dense_dtype for m in int4} == {DENSE_KERNELS[choice.dense_kernel]}
+    if choice.dense_from is not None:                  # the dense weight built beforehand, in the chosen dtype
+        assert {m._dense.dtype for m in int4} == {DENSE_KERNELS[choice.dense_kernel]}
     reference = native if choice.output_layer == "tied bfloat16" else fuse(native, int8_output_layer=True)
     prompts = [[(7 * i + j) % 97 for j in range(5 + i)] for i in range(6)]
     _same_or_tie(generate(fast, prompts[0], 12, keep_logits=True), generate(reference, prompts[0], 12, keep_logits=True))
