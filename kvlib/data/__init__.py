@@ -1,11 +1,13 @@
 """The texts the chapter runs the real model on: the real-model section's demo prompt (five
 paragraphs of the course's article and a question about them) and the evaluation text for
-quality measurements (``eval_text.txt``, see ``README.md`` in this folder)."""
+quality measurements (``eval_text.txt``, see ``README.md`` in this folder); and the benchmark
+run the appendix shows (``bench.json``), which the quantization section quotes."""
 from __future__ import annotations
 
+import json
 from importlib.resources import files
 
-__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "CHAT_QUESTIONS", "demo_prompt", "evaluation_text"]
+__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "CHAT_QUESTIONS", "demo_prompt", "evaluation_text", "reference_bench"]
 
 # The real-model section's demo: five paragraphs of the course's article and a question
 # about them, a chat turn with a little context (a few hundred tokens with the template).
@@ -43,6 +45,14 @@ def evaluation_text() -> str:
     project (``kvlib/data/eval_text.txt``; its README says what it is and how it may be used).
     Quality measurements run over it; nothing is downloaded."""
     return files(__name__).joinpath("eval_text.txt").read_text(encoding="utf-8")
+
+
+def reference_bench() -> dict:
+    """The benchmark run the appendix shows: what ``python -m kvlib.bench`` wrote to its
+    ``bench.json`` on the machine it names (``["machine"]``, ``["date"]``), kept with the
+    package (``kvlib/data/bench.json``) so that a notebook opened anywhere can quote it. Its
+    figures are that machine's, quoted as reference figures, not this machine's."""
+    return json.loads(files(__name__).joinpath("bench.json").read_text(encoding="utf-8"))
 
 
 def demo_prompt(tokenizer) -> list[int]:

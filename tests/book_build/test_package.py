@@ -127,7 +127,8 @@ def empty_dir(tmp_path) -> Path:
 
 
 def test_the_base_install_loads_smollm2_and_generates(venv, empty_dir):
-    """``pip install kvlib``, nothing else: import every subpackage, load SmolLM2, chat, generate."""
+    """``pip install kvlib``, nothing else: import every subpackage, load SmolLM2, chat, generate;
+    read the data files the notebooks read (the evaluation text, the appendix's benchmark run)."""
     from kvlib.smollm2.weights import ModelFileError, smollm2_path
 
     try:
@@ -140,6 +141,8 @@ prompt = tok.encode_chat("What does a KV cache keep?")
 new = kvlib.generate(model, prompt, 8, stop_token=tok.eos_id)   # the new token ids
 print("generated:", repr(tok.decode(new)))
 assert 1 <= len(new) <= 8 and all(0 <= t < model.config.vocab_size for t in new), new
+from kvlib.data import evaluation_text, reference_bench          # the package's data files came along
+assert len(evaluation_text()) > 20_000 and reference_bench()["rows"]
 """
     out = _run([venv / "bin" / "python", "-I", "-c", script], cwd=empty_dir, timeout=600,
                env=_env(KVLIB_SMOLLM2_GGUF=str(gguf)))

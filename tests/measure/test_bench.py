@@ -360,3 +360,24 @@ def test_new_process_measurement_reads_the_childs_report(monkeypatch):
     assert seen["cmd"][-1] == "2" and "compile=True" in seen["cmd"][-2]
     assert got == {"generate_seconds": 12.5, "first_compiled_call_seconds": 9.25,
                    "phases": {"_compile.compile_inner": 8.9, "bytecode_tracing": 4.1}}
+
+
+def test_the_appendix_and_section_8_quote_one_run():
+    """The appendix includes chapters/benchmark/bench.md; section 8 reads kvlib/data/bench.json
+    (kvlib.data.reference_bench, shipped with the package). Both must be the same run: the
+    markdown is what the report writes from that JSON, and the rows section 8 reads are there."""
+    from pathlib import Path
+
+    from kvlib.data import reference_bench
+
+    run = reference_bench()
+    appendix = Path(__file__).resolve().parents[2] / "chapters" / "benchmark" / "bench.md"
+    assert to_markdown(run) == appendix.read_text(), (
+        "chapters/benchmark/bench.md is not the report of kvlib/data/bench.json: copy both files of one "
+        "`python -m kvlib.bench` run (or, after changing the report, write bench.md again with "
+        "kvlib.measure.report.to_markdown(kvlib.data.reference_bench()))")
+    names = {r["name"] for r in run["rows"]}
+    assert {"kvlib, with cache", "kvlib, with cache, compiled", "kvlib, with cache, native 4-bit",
+            "kvlib, with cache, compiled, fast 4-bit"} <= names, names
+    assert any(r["library"] == "llama.cpp" for r in run["rows"])
+    assert run["machine"]["cpu"] in appendix.read_text()
