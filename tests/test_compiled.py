@@ -264,3 +264,23 @@ def test_the_cpp_wrapper_step_writes_eagers_tokens():
     assert _bf16_steps(compiled.logits, eager.logits) <= 1
     with pytest.raises(ValueError, match="cpp_wrapper=True"):
         compiled_decode_step(fresh, cpp_wrapper=False)
+
+
+def test_the_fast_paths_dense_float32_batch_compiles_to_eagers_tokens():
+    """Where the kernel choice takes a dense float32 product from some batch size on (an AVX2-only
+    CPU), the compiled batched step casts to float32 and back where eager does: the same tokens,
+    and logits within a bfloat16 step, for a batch on the dense path."""
+    from kvlib.fast import KernelChoice, apply_choice, fuse
+    from kvlib.quant import quantize
+    from kvlib.serve import generate_batch
+
+    torch.manual_seed(2)
+    cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
+    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4", group_size=32)),
+                        KernelChoice("tied bfloat16", 2, dense_kernel="dense float32"))
+    prompts = [[3, 14, 15], [9, 26, 5, 35, 8, 9], [2, 7]]                 # 3 rows: the dense float32 path
+    eager = generate_batch(fast, prompts, 10, keep_logits=True)
+    compiled = generate_batch(fast, prompts, 10, keep_logits=True, compile=True)
+    for a, b in zip(compiled, eager):
+        assert a.tokens == b.tokens
+        assert _bf16_steps(a.logits, b.logits) <= 1
