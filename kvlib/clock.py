@@ -47,11 +47,17 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
-def median_seconds(fn, device: torch.device | str | None = None, repeats: int = 30, warmup: int = 5) -> float:
+def median_seconds(fn, device: torch.device | str | None = None, repeats: int = 30, warmup: int = 5,
+                   budget_s: float | None = None) -> float:
     """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` unmeasured ones, each
-    timed by a :class:`Stopwatch` that waits for ``device``'s queued work at both ends."""
+    timed by a :class:`Stopwatch` that waits for ``device``'s queued work at both ends. With
+    ``budget_s``, a slow ``fn`` is called fewer times: as many as fit in ``budget_s`` by the last
+    warm-up call's time, at least 3 and at most ``repeats``."""
     for _ in range(warmup):
-        fn()
+        with Stopwatch(device) as watch:
+            fn()
+    if budget_s is not None and warmup:
+        repeats = max(3, min(repeats, int(budget_s / max(watch.seconds, 1e-9))))
     times = []
     for _ in range(repeats):
         with Stopwatch(device) as watch:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -43,7 +44,8 @@ from ..paths import cache_dir
 from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 
 __all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "measure_kernels",
-           "choose", "dense_kernel", "dense_from", "kernel_choice", "choice_path", "apply_choice"]
+           "dense_against_kernel", "choose", "dense_kernel", "dense_from", "kernel_choice", "choice_path",
+           "apply_choice"]
 
 OUTPUT_INT8_MARGIN = 0.95   # int8 output layer only when a decode step with it takes under 95 % of the tied one's
 DENSE_MARGIN = 0.9          # dense 4-bit layers only when they take under 90 % of the int4 kernel's time
@@ -54,6 +56,9 @@ DENSE_KERNELS = {"dense bfloat16": torch.bfloat16, "dense float32": torch.float3
 MEASURED_AS = "kvlib kernels 6"
 
 Timer = Callable[[Callable[[], object]], float]
+# Median of up to 30 calls, fewer where a call is slow (a dense bfloat16 product of every layer can
+# take seconds on a CPU without bfloat16 instructions): the measurement stays a matter of seconds.
+MEDIAN_IN_HALF_A_SECOND: Timer = partial(median_seconds, warmup=2, budget_s=0.5)
 
 
 @dataclass
@@ -82,35 +87,53 @@ def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
 
 @torch.no_grad()
 def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES,
-                    timer: Timer = median_seconds) -> tuple[dict[str, float], dict[str, dict[str, float]],
+                    timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> tuple[dict[str, float], dict[str, dict[str, float]],
                                                             dict[str, dict[str, float]]]:
     """Time the candidates on this machine: a decode step of ``model`` with each output layer
-    (tied bfloat16, int8); every 4-bit layer of ``model`` once, back to back, at each batch size
-    (int4 kernel, and each of :data:`DENSE_KERNELS`); and the int8 output layer alone at each batch
-    size above one (its kernel, its dense weight in each dtype). Milliseconds: ``(output_ms,
-    layers_ms, output_rows_ms)`` for :func:`choose`. Every layer, not one of each shape: alone, a
-    layer's weights stay in the processor's caches, where a dense float32 copy (eight times the
-    int4 bytes) looks faster than it is in a step, which streams them all from memory."""
+    (tied bfloat16, int8); every 4-bit layer of ``model`` once, back to back, with the int4 kernel
+    and as dense products (:func:`dense_against_kernel`); and the int8 output layer alone, likewise,
+    at the batch sizes above one. Milliseconds: ``(output_ms, layers_ms, output_rows_ms)`` for
+    :func:`choose`. Every layer, not one of each shape: alone, a layer's weights stay in the
+    processor's caches, where a dense float32 copy (eight times the int4 bytes) looks faster than
+    it is in a step, which streams them all from memory."""
     heads = {"tied bfloat16": None, "int8": Int8Linear.from_weight(model.embed.weight.detach().float())}
     output_ms: dict[str, float] = {}
     for _ in range(2):                    # in turns, the lower of two, so that drift does not favour one
         for name, head in heads.items():
             output_ms[name] = min(output_ms.get(name, float("inf")), _decode_step_ms(model, head, timer))
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    layers_ms = {str(b): _products_ms(layers, "int4", b, timer) for b in batch_sizes}
-    output_rows_ms = {str(b): _products_ms([heads["int8"]], "int8", b, timer) for b in batch_sizes if b > 1}
+    layers_ms = dense_against_kernel(layers, "int4", batch_sizes, timer)
+    output_rows_ms = dense_against_kernel([heads["int8"]], "int8", [b for b in batch_sizes if b > 1], timer)
     return output_ms, layers_ms, output_rows_ms
 
 
-def _products_ms(layers: Sequence[Int4Linear | Int8Linear], kernel: str, rows: int, timer: Timer) -> dict[str, float]:
-    """Milliseconds of ``layers``, each once, back to back, on ``rows`` bfloat16 rows: with their own
-    kernel (named ``kernel``), and as products with their weights dequantized to each of
-    :data:`DENSE_KERNELS` (the input cast to that dtype and the output back, as a layer's dense
-    path does; the dense copies are made for the measurement and dropped)."""
+def dense_against_kernel(layers: Sequence[Int4Linear | Int8Linear], kernel: str, batch_sizes: Sequence[int],
+                         timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> dict[str, dict[str, float]]:
+    """Milliseconds of ``layers``, each once, back to back, with their own kernel (named ``kernel``)
+    and as dense products: batch size -> kernel -> ms. From the largest batch size down: every one
+    of :data:`DENSE_KERNELS` at the largest, then only the one faster there (:func:`dense_kernel`),
+    and no smaller size once it loses there (what :func:`dense_from` decides needs no more)."""
+    weights = [layer.dequantized() for layer in layers]                       # float32 (out, in) each, once
+    out: dict[str, dict[str, float]] = {}
+    candidates = list(DENSE_KERNELS)
+    for rows in sorted(batch_sizes, reverse=True):
+        out[str(rows)] = ms = _products_ms(layers, weights, kernel, candidates, rows, timer)
+        candidates = [dense_kernel(out)]
+        if ms[candidates[0]] >= DENSE_MARGIN * ms[kernel]:
+            break
+    return dict(sorted(out.items(), key=lambda item: int(item[0])))
+
+
+def _products_ms(layers: Sequence[Int4Linear | Int8Linear], weights: Sequence[torch.Tensor], kernel: str,
+                 candidates: Sequence[str], rows: int, timer: Timer) -> dict[str, float]:
+    """One batch size of :func:`dense_against_kernel`: the layers' kernel, then each candidate's
+    product with ``weights`` cast to its dtype (the input cast to that dtype and the output back,
+    as a layer's dense path does; the copies are dropped afterwards)."""
     xs = {n: torch.randn(1, rows, n).to(COMPUTE_DTYPE) for n in {layer.in_features for layer in layers}}  # (1, rows, in)
     out = {kernel: 1e3 * timer(lambda: [layer(xs[layer.in_features]) for layer in layers])}
-    for name, dtype in DENSE_KERNELS.items():
-        dense = [layer.dequantized().to(dtype) for layer in layers]                  # (out, in) each
+    for name in candidates:
+        dtype = DENSE_KERNELS[name]
+        dense = [w.to(dtype) for w in weights]                                      # (out, in) each
         out[name] = 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).to(COMPUTE_DTYPE) for w in dense])
         del dense
     return out
@@ -160,7 +183,7 @@ def dense_from(ms: dict[str, dict[str, float]], kernel: str, dense: str = "dense
     """The smallest batch size in ``ms`` (batch size -> kernel -> ms) from which the ``dense``
     product takes under :data:`DENSE_MARGIN` of ``kernel``'s time, at that size and every larger one."""
     sizes = sorted(int(b) for b in ms)
-    wins = [ms[str(b)][dense] < DENSE_MARGIN * ms[str(b)][kernel] for b in sizes]
+    wins = [ms[str(b)].get(dense, float("inf")) < DENSE_MARGIN * ms[str(b)][kernel] for b in sizes]
     return next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
 
 
@@ -177,7 +200,7 @@ def choice_path() -> Path:
     return cache_dir() / "kernels" / "choices.json"
 
 
-def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer = median_seconds) -> KernelChoice:
+def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> KernelChoice:
     """This machine's :class:`KernelChoice` for ``model`` (a native 4-bit :class:`kvlib.Decoder`):
     read from :func:`choice_path` when measured before here, else measured now (a few seconds)
     and kept. ``refresh=True`` measures again."""

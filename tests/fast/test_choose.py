@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from kvlib import Config, Decoder, generate
 from kvlib.fast import KernelChoice, apply_choice, fast_model, fuse, kernel_choice
-from kvlib.fast.choose import DENSE_KERNELS, DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose, measure_kernels
+from kvlib.fast.choose import (DENSE_KERNELS, DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose,
+                               dense_against_kernel, measure_kernels)
 from kvlib.quant import Int4Linear, Int8Linear, quantize
 from kvlib.serve import generate_batch
 
@@ -120,10 +121,32 @@ def test_measurement_names_every_candidate(native):
 
     output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=timer)
     assert output_ms == {"tied bfloat16": 1.0, "int8": 1.0}
-    assert set(layers_ms) == {"1", "4"} and layers_ms["4"] == {"int4": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}
+    # every candidate at the largest size; no dense product faster there, so no smaller size is timed
+    assert layers_ms == {"4": {"int4": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}}
     assert output_rows_ms == {"4": {"int8": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}}   # one row: the step's
-    # every layer once: the 4 decode steps (each output layer, twice) and the int4 kernel at 1 and 4 rows
-    assert runs.count(len(layers)) == 4 + 2 and len(layers) == 4 * CFG.n_layers
+    # every layer once: the 4 decode steps (each output layer, twice) and the int4 kernel at 4 rows
+    assert runs.count(len(layers)) == 4 + 1 and len(layers) == 4 * CFG.n_layers
+
+
+def test_smaller_batches_time_only_the_dense_product_that_won_the_largest(native):
+    """From the largest batch size down: all dense candidates there, then only the faster one, for
+    as long as it beats the kernel (here always: the fake timer makes every dense product twice as
+    fast as the int4 kernel, so both tie and the first, bfloat16, is kept)."""
+    fast = fuse(native)
+    layers = [m for m in fast.modules() if isinstance(m, Int4Linear)]
+
+    def timer(fn):
+        seen: list[int] = []
+        hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
+        fn()
+        for h in hooks:
+            h.remove()
+        return 2e-3 if seen else 1e-3                        # the int4 kernel runs the layers' forward
+
+    ms = dense_against_kernel(layers, "int4", (1, 8, 32), timer)
+    assert list(ms) == ["1", "8", "32"] and set(ms["32"]) == {"int4", *DENSE_KERNELS}
+    assert set(ms["8"]) == set(ms["1"]) == {"int4", "dense bfloat16"}
+    assert choose({"tied bfloat16": 1.0, "int8": 1.0}, ms).dense_from == 1
 
 
 def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_path):

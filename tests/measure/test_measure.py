@@ -71,6 +71,19 @@ def test_median_seconds_is_positive():
     assert median_seconds(lambda: sum(range(1000)), repeats=3) > 0
 
 
+@pytest.mark.parametrize("sleep, budget, calls", [(0.02, 0.1, 2 + 5), (0.05, 0.01, 2 + 3), (0.001, 10.0, 2 + 30)])
+def test_a_budget_calls_a_slow_function_fewer_times(sleep, budget, calls):
+    """kvlib.clock.median_seconds (the fast path's kernel choice times with it): with budget_s, as
+    many calls as fit in it by the last warm-up call's time, 3 to repeats."""
+    import time
+
+    from kvlib import clock
+
+    seen = []
+    clock.median_seconds(lambda: (seen.append(1), time.sleep(sleep)), warmup=2, budget_s=budget)
+    assert len(seen) in (calls, calls - 1)        # the sleep may overrun a little: one call fewer
+
+
 def test_peak_memory_counts_new_tensors_once():
     x = torch.ones(1000)                              # made before: not counted
     assert peak_memory(lambda: x.add_(1)) == 0        # in place: no new memory
