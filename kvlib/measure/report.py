@@ -79,7 +79,7 @@ def _kernel_choice(result: dict) -> list[str]:
     sizes = "; ".join(f"{b} row{'s' if b != '1' else ''}: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in t.items())
                       for b, t in c["layers_ms"].items())
     dense = ("the int4 kernel at every batch size measured" if c["dense_from"] is None else
-             f"the {_dense_dtype(c.get('dense_kernel'))} weights from {c['dense_from']} rows on, the int4 kernel below")
+             f"the {c.get('dense_kernel', 'dense bfloat16')} weights from {c['dense_from']} rows on, the int4 kernel below")
     return ["", f"The fast path's kernels, measured on this machine (`kvlib.fast.kernel_choice`, kept in kvlib's "
                 f"folder for the next run): output layer **{c['output_layer']}** (a decode step with each: {out}; "
                 f"int8 only when the step is clearly faster with it, as it rounds the embedding again)"
@@ -93,14 +93,9 @@ def _int8_rows(c: dict) -> str:
     at = "; ".join(f"{b} rows: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in t.items())
                    for b, t in c["output_rows_ms"].items())
     where = ("its kernel at every batch size measured" if c.get("output_dense_from") is None else
-             f"its weight dequantized to {_dense_dtype(c.get('output_dense_kernel')).removeprefix('dense ')} "
+             f"its weight dequantized to {c.get('output_dense_kernel', 'dense bfloat16').removeprefix('dense ')} "
              f"from {c['output_dense_from']} rows on, its kernel below")
     return f", **{where}** (the layer alone: {at})"
-
-
-def _dense_dtype(kernel: str | None) -> str:
-    """The dense product a choice names (runs before float32 was a candidate name none: bfloat16)."""
-    return kernel or "dense bfloat16"
 
 
 def _batched(result: dict) -> list[str]:

@@ -103,6 +103,19 @@ def test_output_layers_are_timed_in_a_whole_decode_step(native):
     assert fast.lm_head is None
 
 
+def _forward_calls(layers: list[Int4Linear], fn) -> int:
+    """Run ``fn`` and count the forward calls of ``layers`` in it (the int4 kernel runs them; a dense
+    product of their dequantized weights does not)."""
+    seen: list[int] = []
+    hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
+    try:
+        fn()
+    finally:
+        for h in hooks:
+            h.remove()
+    return len(seen)
+
+
 def test_measurement_names_every_candidate(native):
     """One timing per candidate and batch size; the 4-bit layers' timing runs every 4-bit layer of
     the model once (alone, one layer's weights stay in the caches, as they do not in a step)."""
@@ -111,12 +124,7 @@ def test_measurement_names_every_candidate(native):
     runs = []
 
     def timer(fn):
-        seen: list[int] = []
-        hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
-        fn()
-        for h in hooks:
-            h.remove()
-        runs.append(len(seen))
+        runs.append(_forward_calls(layers, fn))
         return 1e-3
 
     output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=timer)
@@ -136,12 +144,7 @@ def test_smaller_batches_time_only_the_dense_product_that_won_the_largest(native
     layers = [m for m in fast.modules() if isinstance(m, Int4Linear)]
 
     def timer(fn):
-        seen: list[int] = []
-        hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
-        fn()
-        for h in hooks:
-            h.remove()
-        return 2e-3 if seen else 1e-3                        # the int4 kernel runs the layers' forward
+        return 2e-3 if _forward_calls(layers, fn) else 1e-3       # the int4 kernel runs the layers' forward
 
     ms = dense_against_kernel(layers, "int4", (1, 8, 32), timer)
     assert list(ms) == ["1", "8", "32"] and set(ms["32"]) == {"int4", *DENSE_KERNELS}
