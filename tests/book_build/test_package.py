@@ -4,7 +4,7 @@ repository on the path, loads the real model, generates, and runs a chapter note
 What a learner does without `make`: ``pip install kvlib`` (the base dependencies of
 pyproject.toml must be enough to load SmolLM2 and generate), then ``pip install
 "kvlib[notebooks]"`` (what a notebook needs in Jupyter) and run a chapter's notebook from a
-folder of their own. The wheel is built from a copy of ``pyproject.toml`` and ``kvlib/`` in
+folder of their own. The wheel is built from a copy of ``pyproject.toml``, ``LICENSE`` and ``kvlib/`` in
 a temporary folder (so no ``build/`` or ``*.egg-info`` lands in the repository), and
 installed with ``-c requirements.txt``: the constraints keep torch at the pinned 2.13.0,
 which this machine has on disk, so pip never downloads a CUDA build of several GB.
@@ -97,11 +97,12 @@ def _assert_installed_copy(report: dict, venv: Path) -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """kvlib's wheel, built by this environment's pip from a copy of pyproject.toml and kvlib/."""
+    """kvlib's wheel, built by this environment's pip from a copy of pyproject.toml, LICENSE and kvlib/."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
-    shutil.copy2(REPO / "pyproject.toml", src)
+    for name in ("pyproject.toml", "LICENSE"):                         # LICENSE: pyproject's license-files
+        shutil.copy2(REPO / name, src)
     shutil.copytree(REPO / "kvlib", src / "kvlib", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", "."],
          cwd=src, timeout=300)

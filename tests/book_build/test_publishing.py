@@ -1,0 +1,123 @@
+"""The files that say who may use the chapter, how to cite it and what changed agree with each
+other: pyproject.toml (licence, authors, URLs, version), LICENSE and LICENSE-text, CITATION.cff,
+CHANGELOG.md, README.md's licence table and the book's footer in _config.yml (as book/assets.py
+writes it for the build)."""
+from __future__ import annotations
+
+import configparser
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from book import assets
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT_LICENCE = "CC-BY-4.0"          # the chapter's text and notebooks (LICENSE-text)
+
+
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+
+
+def _citation() -> dict:
+    return yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+
+
+def _repository() -> str:
+    return _config()["repository"]["url"].rstrip("/")
+
+
+def _pages_url(repository: str) -> str:
+    """Where GitHub Pages publishes the book of ``https://github.com/<owner>/<name>``."""
+    owner, name = repository.removeprefix("https://github.com/").split("/")
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
+def test_the_code_is_apache_and_the_text_cc_by():
+    project = _project()
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    code, text = (ROOT / "LICENSE").read_text(), (ROOT / "LICENSE-text").read_text()
+    assert "Apache License" in code and "Version 2.0, January 2004" in code
+    assert "Creative Commons Attribution 4.0 International" in text
+    assert "Attribution-ShareAlike" not in text and "NonCommercial" not in text
+
+
+def test_citation_names_the_same_licences_version_authors_and_repository():
+    citation, project = _citation(), _project()
+    assert citation["cff-version"] == "1.2.0"
+    assert citation["message"] and citation["title"]
+    assert citation["version"] == project["version"], \
+        "CITATION.cff's version must be pyproject.toml's: bump both together (and CHANGELOG.md)"
+    assert citation["license"] == [project["license"], TEXT_LICENCE]
+    assert [a["name"] for a in citation["authors"]] == [a["name"] for a in project["authors"]]
+    assert citation["repository-code"] == _repository()
+    assert citation["url"] == _pages_url(_repository())
+
+
+def test_pyproject_urls_follow_the_books_repository():
+    urls, repository = _project()["urls"], _repository()
+    assert urls["Repository"] == repository
+    assert urls["Documentation"] == _pages_url(repository)
+    others = {key: url for key, url in urls.items() if key not in ("Repository", "Documentation")}
+    assert all(url.startswith(repository + "/") for url in others.values()), others
+
+
+def _changelog_versions() -> list[str]:
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    return re.findall(r"^## \[(\d+\.\d+\.\d+)\]", text, flags=re.MULTILINE)
+
+
+def test_the_changelog_opens_with_the_current_version():
+    versions = _changelog_versions()
+    assert versions and versions[0] == _project()["version"], \
+        f"CHANGELOG.md needs a heading '## [{_project()['version']}] - ...' first; it has {versions}"
+    as_tuples = [tuple(map(int, v.split("."))) for v in versions]
+    assert as_tuples == sorted(as_tuples, reverse=True) and len(set(versions)) == len(versions)
+
+
+def test_the_tag_the_notebooks_install_is_the_current_version():
+    assert _config()["repository"]["kvlib_ref"] == "v" + _project()["version"]
+
+
+def test_the_footer_states_the_terms():
+    config, project = _config(), _project()
+    assert config["author"] == project["authors"][0]["name"]
+    footer = config["html"]["extra_footer"]
+    assert "CC BY 4.0" in footer and "https://creativecommons.org/licenses/by/4.0/" in footer
+    assert project["license"] in footer and "https://www.apache.org/licenses/LICENSE-2.0" in footer
+    links = re.findall(r'href="(https://github\.com/[^"]+)"', footer)
+    assert links and all(link.startswith(_repository() + "/") for link in links), links
+    assert any(link.endswith("/CITATION.cff") for link in links)
+
+
+def test_readme_says_which_licence_applies_to_what():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Licence\n", 1)[1].split("\n## ", 1)[0]
+    for name in ("LICENSE", "LICENSE-text", "CITATION.cff", "CHANGELOG.md", "Apache-2.0", "CC BY 4.0",
+                 "`kvlib/`", "`chapters/`"):
+        assert name in section, f"README.md's Licence section does not name {name}"
+
+
+def test_the_build_configuration_keeps_the_footer_and_is_valid(tmp_path):
+    """What `make book` builds with (book/assets.py's copy of _config.yml) passes Jupyter Book's own
+    schema and hands the footer to sphinx-book-theme, which declares that option (an unknown theme
+    option would be a warning, and the build runs with -W)."""
+    jb_config = pytest.importorskip("jupyter_book.config")
+    theme = pytest.importorskip("sphinx_book_theme")
+    out = tmp_path / "_config.book.yml"
+    assets.write_config(out, static=True, cdn=True)
+    written = yaml.safe_load(out.read_text(encoding="utf-8"))
+    jb_config.validate_yaml(written, raise_on_errors=True)
+    sphinx = jb_config.yaml_to_sphinx(written)[0]
+    assert sphinx["html_theme_options"]["extra_footer"] == _config()["html"]["extra_footer"]
+    assert sphinx["author"] == _config()["author"]
+    conf = configparser.ConfigParser()
+    conf.read(Path(theme.__file__).parent / "theme" / "sphinx_book_theme" / "theme.conf")
+    assert "extra_footer" in conf["options"]
