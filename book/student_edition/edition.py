@@ -35,7 +35,12 @@ to write it.
 
 To build this edition as a web book: `jupyter-book build .` in this folder (the notebooks are
 shown with their stored outputs).
+
+The chapter's text and notebooks are under the Creative Commons Attribution 4.0 licence (CC BY 4.0,
+in `LICENSE-text`); kvlib, the code they import, under Apache-2.0.
 """
+# The licence of the text and notebooks, copied into the edition so that it travels with them.
+TEXT_LICENCE = "LICENSE-text"
 
 
 def _transformed(root: Path, pages: list[tuple[str, Path]]) -> tuple[dict, dict[str, NotebookReport]]:
@@ -92,6 +97,8 @@ def write_edition(root: Path, out: Path, *, quiet: bool = False) -> dict[str, No
     (out / "_config.yml").write_text(student_config(root, out), encoding="utf-8")
     (out / "_toc.yml").write_text(student_toc(root), encoding="utf-8")
     (out / "README.md").write_text(STUDENT_README.format(title=book_title(root)), encoding="utf-8")
+    if (root / TEXT_LICENCE).is_file():
+        shutil.copy2(root / TEXT_LICENCE, out / TEXT_LICENCE)
     if not quiet:
         for name, r in reports.items():
             print(f"  {name}: {r.stubs} stubs, {r.checks} checks, {len(r.dependent)} cells that use a "

@@ -293,6 +293,9 @@ def test_book_config_and_toc_build_the_edition(edition):
     assert not list(out.rglob("instructors*"))
     assert (out / "chapters" / "index.md").read_text() == (ROOT / "chapters" / "index.md").read_text()
     assert "NotImplementedError" in (out / "README.md").read_text()
+    # the notebooks' licence (CC BY 4.0) travels with them
+    assert (out / "LICENSE-text").read_text() == (ROOT / "LICENSE-text").read_text()
+    assert "CC BY 4.0" in (out / "README.md").read_text()
 
 
 def test_the_exercises_are_consistent():
