@@ -1,12 +1,14 @@
-"""The first code cell of every notebook: on Colab it installs kvlib; anywhere else it does nothing.
+"""The first code cell of every notebook: on Colab it installs kvlib; elsewhere it checks kvlib is there.
 
 The book's launch buttons open a notebook of this repository on Colab, where kvlib is not
 installed. So every notebook's first code cell installs it there, with what the notebooks
 need (``kvlib[notebooks]``), from the repository and the git ref that ``_config.yml`` names
 (``repository.url`` and ``repository.kvlib_ref``): the one place that says where kvlib comes
 from. Everywhere else (a ``make`` checkout, a ``pip install``, Binder, nbval, the book's
-build) the cell only imports ``sys`` and prints nothing, and the book's pages leave it out
-(its ``remove-cell`` tag).
+build) kvlib is installed and the cell prints nothing; a notebook downloaded alone and opened
+where kvlib is missing prints the one line that installs it and stops with a short error,
+instead of a bare ``ModuleNotFoundError`` a few cells later. The book's pages leave the cell
+out (its ``remove-cell`` tag).
 
     python -m book.colab            # write (or update) the cell in every notebook of _toc.yml
     python -m book.colab --check    # exit 1, saying which, if a notebook lacks it or holds another
@@ -28,15 +30,22 @@ CELL_ID = "colab-install"
 TAGS = ["remove-cell"]
 
 TEMPLATE = '''\
-# On Colab, install kvlib (this chapter's code) and what the notebooks need; elsewhere
-# (a `make` checkout, `pip install "kvlib[notebooks]"`, Binder) this cell does nothing.
+# On Colab, install kvlib (this chapter's code) and what the notebooks need. Elsewhere (a `make`
+# checkout, a kvlib wheel, Binder) kvlib is there and this cell does nothing; where it is missing,
+# the cell prints the line that installs it.
 import sys
 
-if "google.colab" in sys.modules:
-    try:
-        import kvlib  # noqa: F401
-    except ModuleNotFoundError:
+try:
+    import kvlib  # noqa: F401
+except ModuleNotFoundError as missing:
+    if "google.colab" in sys.modules:
         %pip install --quiet "kvlib[notebooks] @ git+{url}@{ref}"
+    elif missing.name == "kvlib":
+        print('kvlib is not installed here; install it with: pip install "kvlib[notebooks] @ git+{url}@{ref}"')
+        raise ModuleNotFoundError("kvlib is missing: run the pip line above, restart the kernel, run again") from None
+    else:
+        raise
+if "google.colab" in sys.modules:
     from google.colab import output
     output.enable_custom_widget_manager()       # Colab shows ipywidgets 8's widgets only with this'''
 

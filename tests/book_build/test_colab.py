@@ -1,6 +1,6 @@
 """Every notebook opens with the Colab install cell (book/colab.py): it installs kvlib on Colab
-when kvlib is missing, from the repository and ref that _config.yml names, and does nothing
-anywhere else."""
+when kvlib is missing, from the repository and ref that _config.yml names; anywhere else it does
+nothing when kvlib is there and prints the line that installs it when it is not."""
 from __future__ import annotations
 
 import builtins
@@ -37,8 +37,11 @@ def test_the_ref_is_the_release_tag_of_this_version():
         "bump repository.kvlib_ref in _config.yml with kvlib's version, then run python -m book.colab"
 
 
-def _run_cell(monkeypatch, *, on_colab: bool, kvlib_installed: bool) -> list[tuple[str, str]]:
-    """Run the cell as IPython would (magics transformed); return the magics it called."""
+def _run_cell(monkeypatch, *, on_colab: bool, kvlib_installed: bool,
+              missing: str = "kvlib") -> list[tuple[str, str]]:
+    """Run the cell as IPython would (magics transformed); return the magics it called. Without
+    kvlib, ``import kvlib`` raises ModuleNotFoundError for ``missing`` (kvlib itself, or a
+    dependency of it)."""
     calls: list[tuple[str, str]] = []
     shell = types.SimpleNamespace(run_line_magic=lambda name, line: calls.append((name, line)))
     if on_colab:
@@ -52,7 +55,7 @@ def _run_cell(monkeypatch, *, on_colab: bool, kvlib_installed: bool) -> list[tup
 
         def no_kvlib(name, *args, **kwargs):
             if name == "kvlib":
-                raise ModuleNotFoundError("No module named 'kvlib'", name="kvlib")
+                raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
             return real_import(name, *args, **kwargs)
 
         monkeypatch.setattr(builtins, "__import__", no_kvlib)
@@ -61,9 +64,30 @@ def _run_cell(monkeypatch, *, on_colab: bool, kvlib_installed: bool) -> list[tup
     return calls
 
 
-def test_the_cell_does_nothing_off_colab(monkeypatch, capsys):
-    assert _run_cell(monkeypatch, on_colab=False, kvlib_installed=False) == []
+def _install_line() -> str:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    return f'pip install "kvlib[notebooks] @ git+{config["url"]}@{config["kvlib_ref"]}"'
+
+
+def test_off_colab_with_kvlib_the_cell_does_nothing(monkeypatch, capsys):
     assert _run_cell(monkeypatch, on_colab=False, kvlib_installed=True) == []
+    assert capsys.readouterr().out == ""
+
+
+def test_off_colab_without_kvlib_the_cell_prints_how_to_install_it_and_stops(monkeypatch, capsys):
+    """A notebook downloaded alone: one line that says how to install kvlib, then a short error
+    (so "Run all" stops here, not at a bare ModuleNotFoundError further down); it installs nothing."""
+    calls = []
+    with pytest.raises(ModuleNotFoundError, match="kvlib is missing: run the pip line above") as err:
+        calls = _run_cell(monkeypatch, on_colab=False, kvlib_installed=False)
+    assert calls == [] and err.value.__cause__ is None and err.value.__suppress_context__
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.rstrip("\n").endswith(_install_line())
+
+
+def test_off_colab_a_missing_dependency_of_kvlib_is_not_reported_as_kvlib(monkeypatch, capsys):
+    with pytest.raises(ModuleNotFoundError, match="No module named 'torch'"):
+        _run_cell(monkeypatch, on_colab=False, kvlib_installed=False, missing="torch")
     assert capsys.readouterr().out == ""
 
 
@@ -71,11 +95,10 @@ def test_on_colab_with_kvlib_the_cell_only_turns_the_widgets_on(monkeypatch):
     assert _run_cell(monkeypatch, on_colab=True, kvlib_installed=True) == [("widgets", "")]
 
 
-def test_on_colab_without_kvlib_the_cell_installs_it_from_the_configured_ref(monkeypatch):
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
-    calls = _run_cell(monkeypatch, on_colab=True, kvlib_installed=False)
-    assert calls == [("pip", f'install --quiet "kvlib[notebooks] @ git+{config["url"]}@{config["kvlib_ref"]}"'),
-                     ("widgets", "")]
+@pytest.mark.parametrize("missing", ["kvlib", "torch"])
+def test_on_colab_without_kvlib_the_cell_installs_it_from_the_configured_ref(monkeypatch, missing):
+    calls = _run_cell(monkeypatch, on_colab=True, kvlib_installed=False, missing=missing)
+    assert calls == [("pip", _install_line().replace("pip install ", "install --quiet ", 1)), ("widgets", "")]
 
 
 def test_the_notebooks_extra_exists():
