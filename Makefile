@@ -18,7 +18,7 @@ export CHROMIUM
 # GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
 test test-nbval test-portable portable-% test-student test-pool nbval/% student-check package-test: export KVLIB_DEVICE = cpu
 
-.PHONY: setup model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
+.PHONY: setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
 ## setup: create .venv and install the pinned requirements plus kvlib itself (once).
 setup: $(STAMP)
@@ -28,6 +28,14 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
+
+## wheel: build kvlib's wheel into dist/ (to hand out; kvlib is not on PyPI yet): then
+## pip install "dist/kvlib-<version>-py3-none-any.whl[notebooks]".
+KVLIB_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+wheel: $(STAMP)
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@rm -rf build
+	@echo "Built $(CURDIR)/dist/kvlib-$(KVLIB_VERSION)-py3-none-any.whl"
 
 ## model: fetch and verify the SmolLM2-135M-Instruct GGUF once (into ~/.cache/kvlib).
 model: $(STAMP)

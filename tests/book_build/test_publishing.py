@@ -5,6 +5,7 @@ writes it for the build)."""
 from __future__ import annotations
 
 import configparser
+import shlex
 import re
 import tomllib
 from pathlib import Path
@@ -121,3 +122,64 @@ def test_the_build_configuration_keeps_the_footer_and_is_valid(tmp_path):
     conf = configparser.ConfigParser()
     conf.read(Path(theme.__file__).parent / "theme" / "sphinx_book_theme" / "theme.conf")
     assert "extra_footer" in conf["options"]
+
+
+# --- every install line names something a learner can install ----------------------------------
+
+INSTALL_DOCS = ("README.md", "chapters/instructors.md")
+# pip's options that take a value (the value is not a requirement)
+_VALUED = {"--index-url", "-i", "--extra-index-url", "-c", "--constraint", "-r", "--requirement",
+           "-w", "--wheel-dir", "-d", "--dest", "-f", "--find-links"}
+
+
+def _commands(text: str) -> list[str]:
+    """The commands of a markdown text: each line of a fenced block, each inline code span (whose
+    text may run over a line break)."""
+    commands = []
+    for i, part in enumerate(re.split(r"^```.*$", text, flags=re.MULTILINE)):
+        if i % 2:
+            commands += [line.split(" #")[0] for line in part.splitlines()]
+        else:
+            commands += re.findall(r"`([^`]+)`", re.sub(r"\s+", " ", part))
+    return commands
+
+
+def _requirements(command: str) -> list[str]:
+    """The requirements a ``pip install`` command names (its arguments that are not options)."""
+    args = shlex.split(command.split("pip install", 1)[1])
+    return [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in _VALUED)]
+
+
+def _installable(requirement: str) -> bool:
+    config, version = _config()["repository"], _project()["version"]
+    torch = re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE).group(1)
+    wheel = re.escape(f"kvlib-{version}-py3-none-any.whl")
+    return (requirement in (".", f"torch=={torch}")                                  # this clone; the pinned torch
+            or re.fullmatch(r"\.\[[a-z,]+\]", requirement) is not None                # this clone, with extras
+            or re.fullmatch(rf"kvlib\[[a-z,]+\] @ git\+{re.escape(config['url'])}@{re.escape(config['kvlib_ref'])}",
+                            requirement) is not None                                 # the release tag
+            or re.fullmatch(rf"(dist/)?{wheel}(\[[a-z,]+\])?", requirement) is not None)  # make wheel's wheel
+
+
+@pytest.mark.parametrize("doc", INSTALL_DOCS)
+def test_every_install_line_names_something_installable(doc):
+    """No bare ``pip install kvlib``: that name is not ours on PyPI. Each line installs from this
+    clone, from the release tag _config.yml names, or from the wheel `make wheel` writes."""
+    commands = [c for c in _commands((ROOT / doc).read_text(encoding="utf-8")) if "pip install" in c]
+    assert commands, f"{doc} has no install line"
+    wrong = [(c, r) for c in commands for r in _requirements(c) if not _installable(r)]
+    assert not wrong, f"{doc}: install lines naming something that cannot be installed today: {wrong}"
+
+
+def test_the_install_check_catches_a_bare_name():
+    assert _requirements('pip install "kvlib[notebooks]"') == ["kvlib[notebooks]"]
+    assert not _installable("kvlib[notebooks]") and not _installable("kvlib")
+    assert not _installable("kvlib[notebooks] @ git+https://github.com/someone/else@v0.1.0")
+    assert _requirements("pip install torch==2.13.0 --index-url https://x/cpu") == ["torch==2.13.0"]
+
+
+def test_the_wheel_target_builds_the_version_of_pyproject():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^wheel: ", makefile, re.MULTILINE) and "pip wheel --quiet --no-deps" in makefile
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert "dist/" in ignored and "build/" in ignored
