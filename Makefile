@@ -20,9 +20,20 @@ test test-nbval test-portable portable-% test-student test-pool nbval/% student-
 
 .PHONY: setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
-## setup: create .venv and install the pinned requirements plus kvlib itself (once).
+## setup: create .venv and install the pinned requirements plus kvlib itself (once). PyTorch first:
+## on Linux without an NVIDIA GPU (no nvidia-smi), its CPU build; TORCH=cuda for PyPI's CUDA build.
 setup: $(STAMP)
-$(STAMP): requirements.txt pyproject.toml
+# PyTorch's build: auto (the CPU build on Linux without nvidia-smi, PyPI's elsewhere), cpu or cuda.
+# scripts/install_torch.py leaves a torch already at the pin alone, tries PyTorch's CPU index and
+# falls back to pip's own index; the stamp names the choice, so another TORCH runs it again.
+TORCH ?= auto
+TORCH_STAMP := $(VENV)/.kvlib-torch-$(TORCH)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+$(TORCH_STAMP): requirements.txt scripts/install_torch.py | $(PY)
+	$(PY) scripts/install_torch.py --torch $(TORCH) --requirements requirements.txt
+	@rm -f $(VENV)/.kvlib-torch-* && touch $@
+$(STAMP): requirements.txt pyproject.toml | $(TORCH_STAMP)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
