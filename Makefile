@@ -10,18 +10,31 @@ JB := $(VENV)/bin/jupyter-book
 JB_FLAGS := -W -n --keep-going
 NOTEBOOKS := $(sort $(wildcard chapters/*.ipynb))
 
-# The browser tests' Chromium (Debian's `chromium` package; override to use another).
-CHROMIUM ?= /usr/bin/chromium
+# The browser tests' Chromium: CHROMIUM=/path/to/it if given, else the first that book/chromium.py
+# finds (Debian's /usr/bin/chromium; chromium, chromium-browser or google-chrome on PATH; the newest
+# `playwright install chromium` download; on macOS, /Applications); empty if none (the chromium
+# target then installs Debian's package or says how to get one).
+ifeq ($(origin CHROMIUM),undefined)
+CHROMIUM := $(shell $(PYTHON) book/chromium.py 2>/dev/null)
+endif
 export CHROMIUM
+
+# GNU make 3.81 (macOS's) has no --output-sync (new in 4.0): the parallel jobs' output then interleaves.
+OUTPUT_SYNC := $(if $(filter 3.%,$(MAKE_VERSION)),,--output-sync=target)
 
 # The tests compare stored outputs computed on a CPU, so they run there even on a machine with a
 # GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
 test test-nbval test-portable portable-% test-student test-pool nbval/% student-check package-test: export KVLIB_DEVICE = cpu
 
-.PHONY: setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
+.PHONY: help setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
 
-## setup: create .venv and install the pinned requirements plus kvlib itself (once). PyTorch first:
-## on Linux without an NVIDIA GPU (no nvidia-smi), its CPU build; TORCH=cuda for PyPI's CUDA build.
+## help: list the targets, each with the first line of its description here (more below it).
+help:
+	@awk '/^## [a-z][a-z%-]*: / { line = substr($$0, 4); colon = index(line, ": "); \
+	  printf "  make %-14s %s\n", substr(line, 1, colon - 1), substr(line, colon + 2) }' $(firstword $(MAKEFILE_LIST))
+
+## setup: create .venv with PyTorch, the pinned requirements and kvlib itself (once).
+## PyTorch first: on Linux without an NVIDIA GPU (no nvidia-smi), its CPU build; TORCH=cuda for PyPI's.
 setup: $(STAMP)
 # PyTorch's build: auto (the CPU build on Linux without nvidia-smi, PyPI's elsewhere), cpu or cuda.
 # scripts/install_torch.py leaves a torch already at the pin alone, tries PyTorch's CPU index and
@@ -40,8 +53,8 @@ $(STAMP): requirements.txt pyproject.toml | $(TORCH_STAMP)
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
-## wheel: build kvlib's wheel into dist/ (to hand out; kvlib is not on PyPI yet): then
-## pip install "dist/kvlib-<version>-py3-none-any.whl[notebooks]".
+## wheel: build kvlib's wheel into dist/, to hand out (kvlib is not on PyPI yet).
+## Then: pip install "dist/kvlib-<version>-py3-none-any.whl[notebooks]".
 KVLIB_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 wheel: $(STAMP)
 	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
@@ -65,7 +78,7 @@ book-static: setup
 	$(PY) book/assets.py _build/_config.static.yml --static
 	$(JB) build . --config _build/_config.static.yml $(JB_FLAGS)
 
-## test: every test, in three phases, each timed (the table at the end):
+## test: every test, in three phases, each timed (the table at the end).
 ##  1. pytest: kvlib's unit and property tests, the real-model and oracle tests, the book's helpers;
 ##  2. every notebook under nbval strict, once, as another machine runs it: one thread, and
 ##     another CPU's matrix kernels (MKL_CBWR=COMPATIBLE, a plain SSE2 machine's rounding, for
@@ -102,7 +115,7 @@ pool_order = nbval/$(firstword $(1)) student-check package-test $(addprefix nbva
 
 .PHONY: test-pool student-check package-test
 test-pool: setup model
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target $(POOL_JOBS)
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 $(OUTPUT_SYNC) $(POOL_JOBS)
 
 nbval/%: setup model
 	@echo "nbval $*, MKL_CBWR=$(call cbwr,$*), $${OMP_NUM_THREADS:-default} thread(s)"
@@ -121,26 +134,25 @@ test-times:
 	@awk -F'\t' '{ printf "  %-60s %3d min %02d s\n", $$1, $$2 / 60, $$2 % 60; t += $$2 } \
 	  END { printf "  %-60s %3d min %02d s\n", "make test, in all", t / 60, t % 60 }' $(PHASES)
 
-## test-browser: build the book (book-static), then check every page in Chromium, offline
-## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden).
+## test-browser: build the book (book-static), then check every page in Chromium, offline.
+## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden.)
 test-browser: book-static chromium
 	$(PY) -m pytest tests/browser -p no:cacheprovider
 
-## chromium: the browser tests need Chromium; install Debian's package when missing and
-## possible (root, apt-get), otherwise say how.
+## chromium: make sure the browser tests have a Chromium (or Google Chrome).
+## The one found (see CHROMIUM above); if none, install Debian's package when possible (root,
+## apt-get), otherwise say how to get one.
 chromium:
-	@if [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "Chromium is not at $(CHROMIUM): installing Debian's chromium package (apt-get)"; \
+	@if [ -n "$(CHROMIUM)" ] && [ -x "$(CHROMIUM)" ]; then exit 0; fi; \
+	if [ -n "$(CHROMIUM)" ]; then \
+	  echo "error: CHROMIUM=$(CHROMIUM) is not an executable file: point it at a Chromium or Chrome" >&2; exit 1; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "No Chromium found: installing Debian's chromium package (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
 	    || { echo "error: apt-get install chromium failed" >&2; exit 1; }; \
-	  [ -x "$(CHROMIUM)" ] || { echo "error: chromium installed, but not at $(CHROMIUM); set CHROMIUM=/path/to/chromium" >&2; exit 1; }; \
+	  $(PYTHON) book/chromium.py >/dev/null; \
 	else \
-	  echo "error: the browser tests (tests/browser) need Chromium, and it is not at $(CHROMIUM)." >&2; \
-	  echo "  Install it: sudo apt-get install chromium   (Debian; Ubuntu: chromium-browser, or Google Chrome)" >&2; \
-	  echo "  or point the tests at one you have: make test CHROMIUM=/path/to/chromium" >&2; \
-	  echo "  (\`playwright install\` is not needed: the tests drive the system browser.)" >&2; \
-	  exit 1; \
+	  $(PYTHON) book/chromium.py >/dev/null; exit 1; \
 	fi
 
 ## test-quick: the fast unit tests only (no real model, no notebooks).
@@ -149,22 +161,23 @@ test-quick: setup
 
 NBVAL := -m pytest --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
+## test-nbval: nbval on every notebook, as this machine runs it.
 test-nbval: setup model
 	$(PY) $(NBVAL) $(NOTEBOOKS)
 
-## test-portable: nbval on every notebook as other machines run it. MKL_CBWR switches MKL's
-## matrix kernels to another code path: AVX2 gives the rounding of an AVX2-only CPU,
-## COMPATIBLE that of a plain SSE2 one. Both must pass, as the default run does; they run
-## side by side, one thread each (so another thread count than this machine's is tried too).
+## test-portable: nbval on every notebook as other machines run it.
+## MKL_CBWR switches MKL's matrix kernels to another code path: AVX2 gives the rounding of an
+## AVX2-only CPU, COMPATIBLE that of a plain SSE2 one. Both must pass, as the default run does;
+## they run side by side, one thread each (so another thread count than this machine's is tried too).
 test-portable: setup model
-	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 --output-sync=target portable-AVX2 portable-COMPATIBLE
+	OMP_NUM_THREADS=1 $(MAKE) --no-print-directory -j 2 $(OUTPUT_SYNC) portable-AVX2 portable-COMPATIBLE
 
 portable-%: setup model
 	@echo "nbval with MKL_CBWR=$*, $${OMP_NUM_THREADS:-default} thread(s)"
 	MKL_CBWR=$* $(PY) $(NBVAL) -q $(NOTEBOOKS)
 
-## peer: (optional) llama.cpp as the benchmark's peer: builds llama-cpp-python from its PyPI
-## sdist with the CPU's own instructions (GGML_NATIVE). It needs cmake and a C++ compiler and
+## peer: (optional) build llama.cpp, the benchmark's peer.
+## It builds llama-cpp-python from its PyPI sdist with the CPU's own instructions (GGML_NATIVE). It needs cmake and a C++ compiler and
 ## takes a few minutes once; pip keeps the built wheel. make book and make test do not need it.
 PEER_STAMP := $(VENV)/.kvlib-peer
 peer: $(PEER_STAMP)
@@ -183,23 +196,24 @@ bench: setup model
 lab: setup
 	$(VENV)/bin/jupyter lab chapters/
 
-## notebooks: (authors) re-execute every notebook in place so the stored outputs are current,
-## each from an empty compile cache (its stored run time is a first run's).
+## notebooks: (authors) re-execute every notebook in place, so the stored outputs are current.
+## Each from an empty compile cache (its stored run time is a first run's).
 notebooks: setup model
 	@for nb in $(NOTEBOOKS); do echo "executing $$nb"; inductor=$$(mktemp -d); \
 	  TORCHINDUCTOR_CACHE_DIR=$$inductor $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.store_widget_state=True $$nb || exit 1; \
 	  rm -rf $$inductor; done
 
+## clean: remove _build/ (the built book, the npm tarballs, the test timings).
 clean:
 	rm -rf _build
 
 # --- the student edition (python -m book.student_edition; see chapters/instructors.md) ---
 .PHONY: student test-student student-book
 
-## student: write the student edition into student/ (solution cells replaced by their stubs,
-## solution blocks removed), build it into student/_build/html (stored outputs, no execution)
-## and check that no line of any solution reached it.
+## student: write the student edition (no solutions) into student/ and build its book.
+## Solution cells are replaced by their stubs and solution blocks removed; the book goes into
+## student/_build/html (stored outputs, no execution); no line of any solution may reach it.
 student: setup
 	$(PY) -m book.student_edition --out student
 	$(MAKE) --no-print-directory student-book
@@ -210,8 +224,9 @@ student-book: setup
 	$(PY) -m book.student_edition --out student --leaks
 	@echo "Student edition: $(CURDIR)/student/ (book: file://$(CURDIR)/student/_build/html/index.html)"
 
-## test-student: nbval on the student edition's notebooks (the stubs' checks, and the cells
-## that use a stub, are tagged raises-exception; every other cell is compared as in test-nbval).
+## test-student: nbval on the student edition's notebooks.
+## The stubs' checks, and the cells that use a stub, are tagged raises-exception; every other
+## cell is compared as in test-nbval.
 test-student: setup model
 	$(PY) -m book.student_edition --out student --quiet --check-flow
 	$(PY) $(NBVAL) student/chapters/*.ipynb

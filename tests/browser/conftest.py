@@ -6,8 +6,9 @@ Run by `make test` after the book is built (`make test-browser` runs only these,
 pyproject.toml): `pytest tests/browser`. Settings, from the environment:
 
 - BOOK_HTML: the built book (default _build/html);
-- CHROMIUM: the browser (default /usr/bin/chromium, Debian's `chromium` package;
-  `playwright install` is not used);
+- CHROMIUM: the browser; by default the first that book/chromium.py finds (Debian's
+  /usr/bin/chromium; chromium, chromium-browser or google-chrome on PATH; the newest
+  `playwright install chromium` download; on macOS, /Applications);
 - BOOK_SCREENSHOTS: where screenshots go (default _build/screenshots).
 """
 from __future__ import annotations
@@ -23,9 +24,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from book.chromium import find_chromium, how_to_get_one
 from book_html import HTML_ROOT, SCREENSHOTS, book_pages
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = find_chromium()
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
@@ -97,10 +99,10 @@ def base_url(book_root):
 @pytest.fixture(scope="session")
 def browser_context(tmp_path_factory):
     """One headless Chromium with a fresh profile (user-data dir) for the session."""
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.fail(f"Chromium not found at {CHROMIUM}. `make test` installs it when it can "
-                    "(as root, with apt-get); otherwise: sudo apt-get install chromium, or set "
-                    "CHROMIUM=/path/to/chromium", pytrace=False)
+    if CHROMIUM is None or not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        where = f"at {CHROMIUM}" if CHROMIUM else "anywhere"
+        pytest.fail(f"Chromium not found {where}. `make test` installs Debian's package when it can "
+                    f"(as root, with apt-get). {how_to_get_one()}", pytrace=False)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

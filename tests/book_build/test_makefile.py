@@ -1,0 +1,59 @@
+"""The Makefile: `make help` lists every documented target, every documented target exists, the
+README names only targets that exist, and the parallel runs work under macOS's make 3.81 (which
+has no --output-sync)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
+DOCUMENTED = re.findall(r"^## ([a-z][a-z%-]*): ", MAKEFILE, flags=re.MULTILINE)
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
+
+
+def _rules() -> set[str]:
+    return {name for line in re.findall(r"^([a-z][a-z%/ -]*):(?!=)", MAKEFILE, flags=re.MULTILINE)
+            for name in line.split()}
+
+
+def test_every_documented_target_exists():
+    assert len(DOCUMENTED) >= 15 and "help" in DOCUMENTED and "wheel" in DOCUMENTED
+    assert not set(DOCUMENTED) - _rules(), f"documented but not defined: {set(DOCUMENTED) - _rules()}"
+
+
+def test_the_readme_names_only_targets_that_exist():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`make ([a-z][a-z-]*)", readme))
+    assert {"book", "test", "wheel", "help", "setup"} <= named
+    assert not named - _rules(), f"README.md names make targets that do not exist: {named - _rules()}"
+
+
+@needs_make
+def test_make_help_lists_every_documented_target():
+    out = subprocess.run(["make", "--no-print-directory", "-s", "help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    listed = re.findall(r"^  make (\S+) ", out, flags=re.MULTILINE)
+    assert listed == DOCUMENTED
+    assert "build kvlib's wheel into dist/" in out
+
+
+@needs_make
+@pytest.mark.parametrize("version, synced", [("4.3", True), ("4.4.1", True), ("3.81", False)])
+def test_output_sync_only_where_make_has_it(tmp_path, version, synced):
+    """The definition of OUTPUT_SYNC, evaluated by make as if it were that version."""
+    [definition] = re.findall(r"^OUTPUT_SYNC :=.*$", MAKEFILE, flags=re.MULTILINE)
+    probe = tmp_path / "Makefile"
+    probe.write_text(f'{definition}\nprobe:\n\t@echo "[$(OUTPUT_SYNC)]"\n')
+    out = subprocess.run(["make", "-s", "-f", str(probe), "probe", f"MAKE_VERSION={version}"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert out == ("[--output-sync=target]" if synced else "[]")
+
+
+def test_every_parallel_run_uses_the_conditional_flag():
+    assert len(re.findall(r"-j 2 \$\(OUTPUT_SYNC\)", MAKEFILE)) == 2
+    assert not re.search(r"^\t.*--output-sync", MAKEFILE, flags=re.MULTILINE)
