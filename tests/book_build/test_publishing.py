@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import configparser
 import shlex
+import shutil
+import subprocess
 import re
 import tomllib
 from pathlib import Path
@@ -183,3 +185,56 @@ def test_the_wheel_target_builds_the_version_of_pyproject():
     assert re.search(r"^wheel: ", makefile, re.MULTILINE) and "pip wheel --quiet --no-deps" in makefile
     ignored = (ROOT / ".gitignore").read_text().split()
     assert "dist/" in ignored and "build/" in ignored
+
+
+# --- publishing: the workflows, the README's layout ---------------------------------------------
+
+def _workflow(name: str) -> dict:
+    data = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text(encoding="utf-8"))
+    data["on"] = data.pop(True, data.get("on"))          # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def _runs(job: dict) -> list[str]:
+    return [step["run"].strip() for step in job["steps"] if "run" in step]
+
+
+def test_ci_runs_make_test_on_every_push_and_pull_request():
+    workflow = _workflow("test.yml")
+    assert set(workflow["on"]) == {"push", "pull_request"}
+    [job] = workflow["jobs"].values()
+    assert job["runs-on"].startswith("ubuntu") and job["container"]["image"].startswith("python:3.11-")
+    runs = _runs(job)
+    assert runs[-1] == "make test"
+    assert any("apt-get install" in r and "chromium" in r for r in runs)
+
+
+def test_pages_publishes_the_book_on_a_release_tag():
+    workflow = _workflow("pages.yml")
+    assert workflow["on"] == {"push": {"tags": ["v*"]}}
+    assert workflow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    assert "make book" in _runs(build)
+    [upload] = [s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
+    assert upload["with"]["path"] == "_build/html"
+    assert deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
+    assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"])
+    assert _config()["repository"]["kvlib_ref"].startswith("v")          # a tag pages.yml reacts to
+
+
+def _top_level() -> set[str]:
+    """Every file and folder at the top of the repository that git tracks (or would: not ignored)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    return {f.split("/")[0] + ("/" if "/" in f else "") for f in files}
+
+
+def test_the_readmes_layout_names_every_top_level_file_and_folder():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([^`\s]+)`", layout))
+    missing = [p for p in sorted(_top_level())
+               if p not in named and p.rstrip("/") not in named and not any(n.startswith(p) for n in named)]
+    assert not missing, f"README.md's Layout section does not name {missing}"
