@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cache import HalfKVCache, Int8KVCache, KVCache, LayerKVCache, SlidingWindowKVCache, kv_cache_bytes
 from .config import Config
-from .device import default_device
+from .device import default_device, describe_machine
 from .generate import Generation, StepRecord, generate, sample
 from .model import Decoder
 from .serve import generate_batch
@@ -43,7 +43,7 @@ _LAZY = {
 }
 
 __all__ = ["Config", "Decoder", "KVCache", "LayerKVCache", "generate", "generate_batch", "sample", "Generation",
-           "StepRecord", "default_device",
+           "StepRecord", "default_device", "describe_machine",
            "load_smollm2", "Tokenizer", "ModelFileError", "smollm2_path",
            "SlidingWindowKVCache", "Int8KVCache", "HalfKVCache", "kv_cache_bytes", "MODEL_SHAPES"]
 __version__ = "0.2.0"

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ENV_VAR", "default_device", "check_device", "describe_device"]
+__all__ = ["ENV_VAR", "ENV_BFLOAT16", "default_device", "check_device", "describe_device", "cpu_name", "cpu_flags",
+           "bfloat16_is_fast", "compute_dtype", "describe_compute_dtype", "vector_instructions", "describe_machine"]
 
 ENV_VAR = "KVLIB_DEVICE"
+ENV_BFLOAT16 = "KVLIB_CPU_BFLOAT16"     # "0" or "1": overrides what bfloat16_is_fast reads off the CPU
 _CHOICES = "cpu, cuda, cuda:N (N a GPU index) or mps"
 
 
@@ -78,6 +80,80 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> set[str]:
+    """The processor's feature flags (``/proc/cpuinfo`` on Linux: ``avx2``, ``avx512_bf16``, ``amx_bf16`` ...);
+    empty where the system does not list them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bfloat16_is_fast(device: str | torch.device = "cpu") -> bool:
+    """Whether ``device`` multiplies bfloat16 numbers natively, so that a bfloat16 model runs at least
+    as fast as a float32 one: a GPU, or an x86 CPU with AVX-512 BF16 or AMX whose instructions
+    PyTorch uses (``ATEN_CPU_CAPABILITY`` can lower them to AVX2). Elsewhere (AVX2-only CPUs, most
+    AMD and Intel laptops; ARM) each bfloat16 number is converted before it is multiplied, and a
+    dense bfloat16 product is many times slower than float32's. ``KVLIB_CPU_BFLOAT16=0`` or ``1``
+    decides for the CPU instead."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return True
+    forced = os.environ.get(ENV_BFLOAT16, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability.startswith("AVX512") and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def compute_dtype(device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype a quantized model computes in on ``device``: bfloat16 where it is fast
+    (:func:`bfloat16_is_fast`), float32 elsewhere."""
+    return torch.bfloat16 if bfloat16_is_fast(device) else torch.float32
+
+
+def describe_compute_dtype(device: str | torch.device = "cpu") -> str:
+    """:func:`compute_dtype` and why, for a page to print: ``"activations in bfloat16 (this CPU multiplies
+    bfloat16 natively)"`` or ``"activations in float32 (this CPU has no bfloat16 arithmetic)"``.
+    (The notebook tests read these two forms as one: which one a page shows depends on the CPU.)"""
+    if torch.device(device).type != "cpu":
+        return "activations in bfloat16 (a GPU multiplies bfloat16 natively)"
+    if bfloat16_is_fast(device):
+        return "activations in bfloat16 (this CPU multiplies bfloat16 natively)"
+    return "activations in float32 (this CPU has no bfloat16 arithmetic)"
+
+
+def vector_instructions() -> str:
+    """The CPU's widest vector instructions as PyTorch uses them, and its bfloat16 and matrix units:
+    ``"AVX-512, AVX-512 BF16, AMX"``, ``"AVX2"``, ``"NEON"``... (``ATEN_CPU_CAPABILITY`` can lower what
+    PyTorch uses below what the CPU has: then ``"AVX2, lowered from the CPU's AVX-512"``). These decide which
+    matrix kernels run and how fast, so every measurement names them."""
+    flags = cpu_flags()
+    has = next((name for flag, name in [("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"),
+                                        ("asimd", "NEON")] if flag in flags), platform.machine() or "unknown")
+    capability = torch.backends.cpu.get_cpu_capability()
+    used = {"AVX512": "AVX-512", "AVX2": "AVX2"}.get(capability, has)
+    if used != has:
+        return f"{used}, lowered from the CPU's {has}"
+    extras = [name for flag, name in [("avx512_bf16", "AVX-512 BF16"), ("amx_tile", "AMX")] if flag in flags]
+    return ", ".join([used, *extras]) if used == "AVX-512" else used
+
+
+def describe_machine(device: str | torch.device | None = None) -> str:
+    """One line naming what a page's measurements ran on, for its first measuring cell to print:
+    the device (the CPU's name, its vector instructions, the threads), torch's version and the
+    date. (The notebook tests read the line as one word: another machine prints another.)"""
+    import datetime
+
+    device = torch.device(device) if device is not None else default_device()
+    what = (f"{cpu_name()} ({vector_instructions()}), {torch.get_num_threads()} threads" if device.type == "cpu"
+            else describe_device(device))
+    return f"This page's measurements: {what}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
 
 
 def describe_device(device: str | torch.device) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from kvlib import Config, Decoder, KVCache, generate
 from kvlib.compiled import compiled_decode_step
+from kvlib.fast.kernels import kernels_missing
 
 pytestmark = pytest.mark.slow
 
@@ -266,6 +267,23 @@ def test_the_cpp_wrapper_step_writes_eagers_tokens():
         compiled_decode_step(fresh, cpp_wrapper=False)
 
 
+@pytest.mark.skipif(kernels_missing() is not None, reason="kvlib's CPU kernels cannot be built here")
+def test_kvlibs_own_kernels_compile_to_eagers_tokens():
+    """The fast path with kvlib's Q4_1 layers and Q8_0 output layer (C++ operators with shapes
+    registered for the compiler), compiled: the eager step's tokens, its logits up to float32 sums."""
+    from kvlib.fast import KernelChoice, apply_choice, fuse
+    from kvlib.quant import quantize
+
+    torch.manual_seed(3)
+    cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
+    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4", group_size=32).float()),
+                        KernelChoice("q8_0", "q4_1", None))
+    eager = generate(fast, [3, 14, 15, 9, 26], 12, keep_logits=True)
+    compiled = generate(fast, [3, 14, 15, 9, 26], 12, keep_logits=True, compile=True)
+    assert compiled.tokens == eager.tokens
+    torch.testing.assert_close(compiled.logits, eager.logits, rtol=1e-4, atol=1e-4)
+
+
 def test_the_fast_paths_dense_float32_batch_compiles_to_eagers_tokens():
     """Where the kernel choice takes a dense float32 product from some batch size on (an AVX2-only
     CPU), the compiled batched step casts to float32 and back where eager does: the same tokens,
@@ -277,7 +295,7 @@ def test_the_fast_paths_dense_float32_batch_compiles_to_eagers_tokens():
     torch.manual_seed(2)
     cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
     fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4", group_size=32)),
-                        KernelChoice("tied bfloat16", 2, dense_kernel="dense float32"))
+                        KernelChoice("tied", "int4", 2, dense_kernel="dense float32"))
     prompts = [[3, 14, 15], [9, 26, 5, 35, 8, 9], [2, 7]]                 # 3 rows: the dense float32 path
     eager = generate_batch(fast, prompts, 10, keep_logits=True)
     compiled = generate_batch(fast, prompts, 10, keep_logits=True, compile=True)

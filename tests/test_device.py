@@ -162,9 +162,9 @@ def test_the_cpu_path_is_the_kernel_bit_for_bit(kind):
     layer, x = _layer(kind), _x()
     rows = x.reshape(-1, 256)
     if kind == "int8":
-        y = torch.ops.aten._weight_int8pack_mm(rows, layer.q, layer.scale)
+        y = torch.ops.aten._weight_int8pack_mm(rows, layer.q, layer.kernel_scale)
     else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.packed, 32, layer.scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.packed, 32, layer.kernel_scales)
     assert layer.uses_kernel(x) and torch.equal(layer(x), y.reshape(2, 5, 128))
 
 

@@ -1,4 +1,5 @@
-"""The fast path: the chapter's decoder with its matrices fused at load time, and its kernels chosen by measurement.
+"""The fast path: the chapter's decoder with its matrices fused at load time, and its kernels chosen by measurement
+(among them kvlib's own CPU kernels for the file's Q4_1 and Q8_0 blocks, :mod:`.kernels`).
 
 :func:`fuse` returns a copy of a :class:`kvlib.Decoder` whose query, key and value
 projections are one matrix, and whose MLP's gate and up projections are one matrix, in
@@ -10,11 +11,13 @@ may change. The readable modules the notebooks teach are untouched.
 from __future__ import annotations
 
 from ..model import Decoder
+from .blocks import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
+from .switch import KernelSwitch
 
 __all__ = ["fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
-           "kernel_choice", "apply_choice"]
+           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear"]
 
 
 def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:

@@ -1,63 +1,67 @@
 """Which kernel each part of the fast path runs, chosen by measuring this machine once.
 
-Two choices depend on the CPU (its vector instructions, its caches, its memory), so kvlib
-measures them rather than guessing, and keeps the result in its folder
-(:func:`kvlib.paths.cache_dir`, ``kernels/``) for the next run on the same machine:
+Which kernel is fastest depends on the CPU (its vector instructions, its caches, its memory), so
+kvlib measures rather than guesses, and keeps the result in its folder (:func:`kvlib.paths.cache_dir`,
+``kernels/``) for the next run on the same machine:
 
-- **the output layer** (the embedding, transposed: the largest matrix of a small model):
-  multiplied in bfloat16 as stored (the tied embedding), or stored again as per-row int8,
-  which reads half the bytes but rounds the weights a second time. int8 is chosen only when a
-  whole decode step is faster with it by a clear margin (:data:`OUTPUT_INT8_MARGIN`): it moves
-  the predictions, the tied layer does not. The step, not the layer alone: timed alone, a layer
-  can sit in the processor's caches and look faster than it is inside a step, where every weight
-  streams through them (the benchmark's appendix gives one machine's figures). The int8 kernel
-  pays off for one row only: with more, its arithmetic costs more than the bytes it saves, so an
-  int8 output layer also gets an ``output_dense_from`` (the same rule as the 4-bit layers', below),
-  from which it multiplies by its own weight dequantized once;
-- **the 4-bit layers at each batch size**: at one row a step only reads the weights, and the
-  int4 kernel reads a quarter of bfloat16's bytes; with many rows the arithmetic catches up,
-  and a dense product of the dequantized weights may win. Which dense product: bfloat16 where
-  the CPU multiplies it fast (AVX-512 with bfloat16 instructions, AMX), float32 where it does
-  not (an AVX2-only CPU converts every bfloat16 number first), whichever is faster at the
-  largest batch size measured (``dense_kernel``). ``dense_from`` is the smallest batch size
-  measured from which that product is faster, for every larger size measured too (``None``: the
-  int4 kernel at every size). A float32 dense copy holds twice a bfloat16 one's bytes.
+- **the 4-bit layers' packed kernel**: PyTorch's int4 kernel (bfloat16 activations), or kvlib's
+  own Q4_1 kernel (:mod:`kvlib.fast.kernels`: activations rounded to 8 bits per block of 32, integer
+  dot products, as llama.cpp multiplies), where a C++ compiler could build it. The faster at one
+  row, where a step does little more than read the packed weights;
+- **the 4-bit layers at each batch size**: with many rows the arithmetic catches up, and a dense
+  product of the dequantized weights may win. Which dense product: bfloat16 where the CPU
+  multiplies it natively (:func:`kvlib.device.bfloat16_is_fast`), else float32 only (an AVX2-only CPU
+  converts every bfloat16 number first); of those measured, the faster at the largest batch size
+  (``dense_kernel``). ``dense_from`` is the smallest batch size measured from which it takes under
+  :data:`DENSE_MARGIN` of the packed kernel's time, at every larger size measured too (``None``:
+  the packed kernel at every size). A float32 dense copy holds twice a bfloat16 one's bytes;
+- **the output layer** (the embedding, transposed: the largest matrix of a small model): the tied
+  embedding as the model holds it, a per-row int8 copy (PyTorch's kernel), or Q8_0 blocks (kvlib's
+  kernel, the model file's own format for it). Each is timed inside a whole decode step (alone, a
+  layer can sit in the processor's caches and look faster than it is in a step, where every weight
+  streams through them); another than the tied one only when the step is faster with it by a clear
+  margin (:data:`OUTPUT_MARGIN`), since it rounds the embedding again. Its kernel pays off for few
+  rows; from ``output_dense_from`` on it multiplies by its weight dequantized once (the same rule).
 
-The choice changes which kernel runs, never what is computed beyond the order of float
-roundings; ``tests/fast/test_choose.py`` checks that the greedy tokens stay the model's own.
+The choice changes which kernel runs; kvlib's kernels also round the activations to 8 bits, which
+moves the logits a little (the benchmark measures how much). ``tests/fast/test_choose.py`` checks
+that every choice writes the model's own greedy tokens up to near-ties.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from functools import partial
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from ..clock import median_seconds
 from ..cache.base import KVCache
-from ..device import cpu_name
+from ..clock import median_seconds
+from ..device import bfloat16_is_fast, cpu_name
 from ..paths import cache_dir
-from ..quant.linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
+from ..quant.linear import Int4Linear, Int8Linear
+from . import kernels
+from .blocks import Q4_1Linear, Q8_0Linear
+from .switch import KernelSwitch
 
-__all__ = ["KernelChoice", "OUTPUT_INT8_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "measure_kernels",
-           "dense_against_kernel", "choose", "dense_kernel", "dense_from", "kernel_choice", "choice_path",
-           "apply_choice"]
+__all__ = ["KernelChoice", "OUTPUT_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "dense_candidates",
+           "layer_candidates", "output_candidates", "measure_kernels", "dense_against_kernels", "choose",
+           "dense_kernel", "dense_from", "kernel_choice", "choice_path", "apply_choice"]
 
-OUTPUT_INT8_MARGIN = 0.95   # int8 output layer only when a decode step with it takes under 95 % of the tied one's
-DENSE_MARGIN = 0.9          # dense 4-bit layers only when they take under 90 % of the int4 kernel's time
+OUTPUT_MARGIN = 0.95        # another output layer only when a decode step with it takes under 95 % of the tied one's
+DENSE_MARGIN = 0.9          # dense weights only when they take under 90 % of the packed kernel's time
 BATCH_SIZES = (1, 8, 32)
-DENSE_KERNELS = {"dense bfloat16": torch.bfloat16, "dense float32": torch.float32}   # the dense candidates
+DENSE_KERNELS = {"dense bfloat16": torch.bfloat16, "dense float32": torch.float32}   # the dense products
 # How the candidates are run and timed: in every machine key, so that a choice kept from an
-# earlier way of running them (the output layer alone, before tied_logits) is measured again.
-MEASURED_AS = "kvlib kernels 6"
+# earlier way of running them is measured again.
+MEASURED_AS = "kvlib kernels 7"
 
 Timer = Callable[[Callable[[], object]], float]
-# Median of up to 30 calls, fewer where a call is slow (a dense bfloat16 product of every layer can
-# take seconds on a CPU without bfloat16 instructions): the measurement stays a matter of seconds.
+# Median of up to 30 calls, fewer where a call is slow: the measurement stays a matter of seconds.
 MEDIAN_IN_HALF_A_SECOND: Timer = partial(median_seconds, warmup=2, budget_s=0.5)
 
 
@@ -65,81 +69,95 @@ MEDIAN_IN_HALF_A_SECOND: Timer = partial(median_seconds, warmup=2, budget_s=0.5)
 class KernelChoice:
     """What the fast path runs on this machine, and the measurements (milliseconds) it was chosen from."""
 
-    output_layer: str                   # "tied bfloat16" or "int8"
+    output_layer: str                   # "tied", "int8" or "q8_0"
+    layer_kernel: str                   # the 4-bit layers' packed kernel: "int4" (PyTorch's) or "q4_1" (kvlib's)
     dense_from: int | None              # batch size from which the 4-bit layers use their dense weight
-    output_ms: dict[str, float] = field(default_factory=dict)          # output layer -> ms of a decode step
-    layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms, all 4-bit layers
-    machine: str = ""
-    output_dense_from: int | None = None  # batch size from which an int8 output layer uses its dense weight
+    dense_kernel: str = "dense float32"             # the 4-bit layers' dense product, from dense_from on
+    output_dense_from: int | None = None            # likewise for an int8 or Q8_0 output layer
+    output_dense_kernel: str = "dense float32"
+    output_ms: dict[str, float] = field(default_factory=dict)              # output layer -> ms of a decode step
+    layers_ms: dict[str, dict[str, float]] = field(default_factory=dict)   # batch size -> kernel -> ms, all 4-bit layers
     output_rows_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> kernel -> ms
-    dense_kernel: str = "dense bfloat16"          # the 4-bit layers' dense product, from dense_from on
-    output_dense_kernel: str = "dense bfloat16"   # an int8 output layer's, from output_dense_from on
+    machine: str = ""
 
 
-def _layer_shapes(model: torch.nn.Module) -> list[Int4Linear]:
-    """One 4-bit layer of each distinct (out, in) shape in ``model`` (every layer repeats them)."""
-    shapes: dict[tuple[int, int], Int4Linear] = {}
-    for m in model.modules():
-        if isinstance(m, Int4Linear):
-            shapes.setdefault((m.out_features, m.in_features), m)
-    return list(shapes.values())
+def dense_candidates() -> list[str]:
+    """The dense products worth timing here: float32, and bfloat16 where the CPU multiplies it natively."""
+    return [name for name, dtype in DENSE_KERNELS.items() if dtype != torch.bfloat16 or bfloat16_is_fast("cpu")]
+
+
+def layer_candidates(layers: Sequence[Int4Linear]) -> dict[str, list[nn.Module]]:
+    """The packed kernels for ``layers``: PyTorch's int4 kernel (the layers themselves), and kvlib's
+    Q4_1 kernel where it can be built here (:func:`kvlib.fast.kernels.kernels_missing`)."""
+    out: dict[str, list[nn.Module]] = {"int4": list(layers)}
+    if kernels.kernels_missing() is None and all(layer.group_size == kernels.BLOCK for layer in layers):
+        out["q4_1"] = [Q4_1Linear.from_int4(layer) for layer in layers]
+    return out
+
+
+def output_candidates(model: nn.Module) -> dict[str, nn.Module | None]:
+    """The output layers: the tied embedding (``None``), per-row int8, and Q8_0 blocks where kvlib's
+    kernels can be built here."""
+    weight = model.embed.weight.detach().float()
+    out: dict[str, nn.Module | None] = {"tied": None, "int8": Int8Linear.from_weight(weight)}
+    if kernels.kernels_missing() is None:
+        out["q8_0"] = Q8_0Linear(weight)
+    return out
 
 
 @torch.no_grad()
-def measure_kernels(model: torch.nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES,
-                    timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> tuple[dict[str, float], dict[str, dict[str, float]],
-                                                            dict[str, dict[str, float]]]:
-    """Time the candidates on this machine: a decode step of ``model`` with each output layer
-    (tied bfloat16, int8); every 4-bit layer of ``model`` once, back to back, with the int4 kernel
-    and as dense products (:func:`dense_against_kernel`); and the int8 output layer alone, likewise,
-    at the batch sizes above one. Milliseconds: ``(output_ms, layers_ms, output_rows_ms)`` for
-    :func:`choose`. Every layer, not one of each shape: alone, a layer's weights stay in the
-    processor's caches, where a dense float32 copy (eight times the int4 bytes) looks faster than
-    it is in a step, which streams them all from memory."""
-    heads = {"tied bfloat16": None, "int8": Int8Linear.from_weight(model.embed.weight.detach().float())}
+def measure_kernels(model: nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES, timer: Timer = MEDIAN_IN_HALF_A_SECOND
+                    ) -> tuple[dict[str, float], dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Time the candidates on this machine: a decode step of ``model`` with each output layer; every
+    4-bit layer of ``model`` once, back to back, with each packed kernel and as dense products
+    (:func:`dense_against_kernels`); and the int8 and Q8_0 output layers alone, likewise, at the batch
+    sizes above one. Milliseconds: ``(output_ms, layers_ms, output_rows_ms)`` for :func:`choose`.
+    Every layer, not one of each shape: alone, a layer's weights stay in the processor's caches,
+    where a dense float32 copy (eight times the int4 bytes) looks faster than it is in a step."""
+    heads = output_candidates(model)
     output_ms: dict[str, float] = {}
     for _ in range(2):                    # in turns, the lower of two, so that drift does not favour one
         for name, head in heads.items():
             output_ms[name] = min(output_ms.get(name, float("inf")), _decode_step_ms(model, head, timer))
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    layers_ms = dense_against_kernel(layers, "int4", batch_sizes, timer)
-    output_rows_ms = dense_against_kernel([heads["int8"]], "int8", [b for b in batch_sizes if b > 1], timer)
+    weights = [layer.dequantized() for layer in layers]                       # float32 (out, in) each, once
+    layers_ms = dense_against_kernels(layer_candidates(layers), weights, batch_sizes, timer)
+    packed_heads = {name: [head] for name, head in heads.items() if head is not None}
+    output_rows_ms = dense_against_kernels(packed_heads, [model.embed.weight.detach().float()],
+                                           [b for b in batch_sizes if b > 1], timer)
     return output_ms, layers_ms, output_rows_ms
 
 
-def dense_against_kernel(layers: Sequence[Int4Linear | Int8Linear], kernel: str, batch_sizes: Sequence[int],
-                         timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> dict[str, dict[str, float]]:
-    """Milliseconds of ``layers``, each once, back to back, with their own kernel (named ``kernel``)
-    and as dense products: batch size -> kernel -> ms. From the largest batch size down: every one
-    of :data:`DENSE_KERNELS` at the largest, then only the one faster there (:func:`dense_kernel`),
-    and no smaller size once it loses there (what :func:`dense_from` decides needs no more)."""
-    weights = [layer.dequantized() for layer in layers]                       # float32 (out, in) each, once
+def dense_against_kernels(packed: dict[str, Sequence[nn.Module]], weights: Sequence[torch.Tensor],
+                          batch_sizes: Sequence[int], timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> dict[str, dict[str, float]]:
+    """Milliseconds of one pass over a list of layers, each once, back to back: with each packed kernel
+    (``packed``: name -> the layers built for it) at every batch size, and as dense products of
+    ``weights`` (their float32 ``(out, in)`` weights). The dense products from the largest batch size
+    down: every one of :func:`dense_candidates` at the largest, then only the one faster there, and
+    no smaller size once it loses there (what :func:`dense_from` decides needs no more)."""
     out: dict[str, dict[str, float]] = {}
-    candidates = list(DENSE_KERNELS)
+    candidates = dense_candidates()
     for rows in sorted(batch_sizes, reverse=True):
-        out[str(rows)] = ms = _products_ms(layers, weights, kernel, candidates, rows, timer)
-        candidates = [dense_kernel(out)]
-        if ms[candidates[0]] >= DENSE_MARGIN * ms[kernel]:
-            break
+        xs = {w.shape[1]: torch.randn(1, rows, w.shape[1]) for w in weights}                 # (1, rows, in)
+        ms = {name: 1e3 * timer(lambda ls=ls: [layer(xs[layer.in_features]) for layer in ls]) for name, ls in packed.items()}
+        for name in candidates:
+            ms[name] = _dense_ms(weights, xs, DENSE_KERNELS[name], timer)
+        out[str(rows)] = ms
+        if candidates:
+            candidates = [dense_kernel(out)]
+            if ms[candidates[0]] >= DENSE_MARGIN * min(ms[name] for name in packed):
+                candidates = []
     return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
 
-def _products_ms(layers: Sequence[Int4Linear | Int8Linear], weights: Sequence[torch.Tensor], kernel: str,
-                 candidates: Sequence[str], rows: int, timer: Timer) -> dict[str, float]:
-    """One batch size of :func:`dense_against_kernel`: the layers' kernel, then each candidate's
-    product with ``weights`` cast to its dtype (the input cast to that dtype and the output back,
-    as a layer's dense path does; the copies are dropped afterwards)."""
-    xs = {n: torch.randn(1, rows, n).to(COMPUTE_DTYPE) for n in {layer.in_features for layer in layers}}  # (1, rows, in)
-    out = {kernel: 1e3 * timer(lambda: [layer(xs[layer.in_features]) for layer in layers])}
-    for name in candidates:
-        dtype = DENSE_KERNELS[name]
-        dense = [w.to(dtype) for w in weights]                                      # (out, in) each
-        out[name] = 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).to(COMPUTE_DTYPE) for w in dense])
-        del dense
-    return out
+def _dense_ms(weights: Sequence[torch.Tensor], xs: dict[int, torch.Tensor], dtype: torch.dtype, timer: Timer) -> float:
+    """One pass of dense products with ``weights`` cast to ``dtype`` (the input cast to it and the
+    output back to float32, as :class:`KernelSwitch` does); the copies are dropped afterwards."""
+    dense = [w.to(dtype) for w in weights]                                                   # (out, in) each
+    return 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).float() for w in dense])
 
 
-def _decode_step_ms(model: torch.nn.Module, head: torch.nn.Module | None, timer: Timer) -> float:
+def _decode_step_ms(model: nn.Module, head: nn.Module | None, timer: Timer) -> float:
     """Milliseconds of one cached decode step of ``model`` with ``head`` as its output layer
     (``None``: the tied embedding), after up to 63 tokens; ``model``'s own layer is put back."""
     kept, model.lm_head = model.lm_head, head
@@ -161,25 +179,29 @@ def _decode_step_ms(model: torch.nn.Module, head: torch.nn.Module | None, timer:
 def choose(output_ms: dict[str, float], layers_ms: dict[str, dict[str, float]], machine: str = "",
            output_rows_ms: dict[str, dict[str, float]] | None = None) -> KernelChoice:
     """The rule, from measurements alone (see the module's docstring for why the margins)."""
-    int8_wins = output_ms["int8"] < OUTPUT_INT8_MARGIN * output_ms["tied bfloat16"]
+    others = {name: ms for name, ms in output_ms.items() if name != "tied"}
+    best = min(others, key=others.__getitem__, default=None)
+    head = best if best is not None and others[best] < OUTPUT_MARGIN * output_ms["tied"] else "tied"
+    smallest = layers_ms[str(min(int(b) for b in layers_ms))]
+    packed = min((k for k in ("int4", "q4_1") if k in smallest), key=smallest.__getitem__)
     rows = output_rows_ms or {}
     dense, out_dense = dense_kernel(layers_ms), dense_kernel(rows)
-    return KernelChoice("int8" if int8_wins else "tied bfloat16", dense_from(layers_ms, "int4", dense), output_ms,
-                        layers_ms, machine, dense_from(rows, "int8", out_dense) if int8_wins else None, rows,
-                        dense, out_dense)
+    return KernelChoice(head, packed, dense_from(layers_ms, packed, dense), dense,
+                        dense_from(rows, head, out_dense) if head != "tied" else None, out_dense,
+                        output_ms, layers_ms, rows, machine)
 
 
 def dense_kernel(ms: dict[str, dict[str, float]]) -> str:
-    """The dense candidate (of :data:`DENSE_KERNELS`) measured fastest at the largest batch size in
-    ``ms`` (batch size -> kernel -> ms), where a dense product matters most; bfloat16, the
-    activations' own dtype, where ``ms`` is empty or times no other."""
+    """The dense product (of :data:`DENSE_KERNELS`) measured fastest at the largest batch size in
+    ``ms`` (batch size -> kernel -> ms), where a dense product matters most; float32 where ``ms``
+    is empty or times none."""
     if not ms:
-        return "dense bfloat16"
+        return "dense float32"
     at = ms[str(max(int(b) for b in ms))]
-    return min((name for name in DENSE_KERNELS if name in at), key=at.__getitem__)
+    return min((name for name in DENSE_KERNELS if name in at), key=at.__getitem__, default="dense float32")
 
 
-def dense_from(ms: dict[str, dict[str, float]], kernel: str, dense: str = "dense bfloat16") -> int | None:
+def dense_from(ms: dict[str, dict[str, float]], kernel: str, dense: str = "dense float32") -> int | None:
     """The smallest batch size in ``ms`` (batch size -> kernel -> ms) from which the ``dense``
     product takes under :data:`DENSE_MARGIN` of ``kernel``'s time, at that size and every larger one."""
     sizes = sorted(int(b) for b in ms)
@@ -187,12 +209,14 @@ def dense_from(ms: dict[str, dict[str, float]], kernel: str, dense: str = "dense
     return next((b for i, b in enumerate(sizes) if all(wins[i:])), None)
 
 
-def machine_key(model: torch.nn.Module) -> str:
+def machine_key(model: nn.Module) -> str:
     """What the measurement depends on: the CPU, its vector instructions as PyTorch uses them, the
-    threads, PyTorch's version, and the model's layer shapes."""
-    shapes = sorted({(m.out_features, m.in_features) for m in _layer_shapes(model)})
+    threads, PyTorch's version, whether kvlib's kernels are built here, and the model's shapes."""
+    shapes = sorted({(m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Linear)})
+    ours = "kvlib kernels: " + (kernels.simd() if kernels.kernels_missing() is None else "none")
     return (f"{MEASURED_AS} | {cpu_name()} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads | "
-            f"torch {torch.__version__} | vocab {model.config.vocab_size} x {model.config.d_model} | {shapes}")
+            f"torch {torch.__version__} | {ours} | {model.embed.weight.dtype} | vocab {model.config.vocab_size} x "
+            f"{model.config.d_model} | {shapes}")
 
 
 def choice_path() -> Path:
@@ -200,9 +224,9 @@ def choice_path() -> Path:
     return cache_dir() / "kernels" / "choices.json"
 
 
-def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> KernelChoice:
+def kernel_choice(model: nn.Module, *, refresh: bool = False, timer: Timer = MEDIAN_IN_HALF_A_SECOND) -> KernelChoice:
     """This machine's :class:`KernelChoice` for ``model`` (a native 4-bit :class:`kvlib.Decoder`):
-    read from :func:`choice_path` when measured before here, else measured now (a few seconds)
+    read from :func:`choice_path` when measured before here, else measured now (several seconds)
     and kept. ``refresh=True`` measures again."""
     key = machine_key(model)
     path = choice_path()
@@ -218,26 +242,29 @@ def kernel_choice(model: torch.nn.Module, *, refresh: bool = False, timer: Timer
 
 
 @torch.no_grad()
-def apply_choice(model: torch.nn.Module, choice: KernelChoice) -> torch.nn.Module:
-    """Set ``model``'s kernels (in place) as ``choice`` says: the output layer, and each 4-bit layer's
-    ``dense_from`` and dense product's dtype, with its dense weight built now (not inside a compiled
-    step); an int8 output layer's ``output_dense_from`` likewise."""
-    if choice.output_layer == "int8":
-        model.lm_head = Int8Linear.from_weight(model.embed.weight.float())
-        _set_dense(model.lm_head, choice.output_dense_from, choice.output_dense_kernel)
-    elif choice.output_layer == "tied bfloat16":
-        model.lm_head = None
-    else:
-        raise ValueError(f"unknown output layer {choice.output_layer!r}: 'tied bfloat16' or 'int8'")
-    for m in model.modules():
-        if isinstance(m, Int4Linear):
-            _set_dense(m, choice.dense_from, choice.dense_kernel)
+def apply_choice(model: nn.Module, choice: KernelChoice) -> nn.Module:
+    """Set ``model``'s kernels (in place) as ``choice`` says: its output layer, and each 4-bit layer
+    a :class:`KernelSwitch` of the chosen packed kernel and, from ``dense_from`` rows on, its weight
+    dequantized once in the chosen dtype (built now, not inside a compiled step)."""
+    needs_ours = choice.layer_kernel == "q4_1" or choice.output_layer == "q8_0"
+    if needs_ours and kernels.kernels_missing() is not None:
+        raise RuntimeError(f"this choice runs kvlib's own kernels, which are not available here: "
+                           f"{kernels.kernels_missing()}. Measure again: kernel_choice(model, refresh=True)")
+    heads = {"tied": lambda w: None, "int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}
+    if choice.output_layer not in heads:
+        raise ValueError(f"unknown output layer {choice.output_layer!r}: one of {sorted(heads)}")
+    head = heads[choice.output_layer](model.embed.weight.detach().float())
+    model.lm_head = head and _switch(head, choice.output_dense_from, choice.output_dense_kernel)
+    for parent in list(model.modules()):
+        for name, layer in list(parent.named_children()):
+            if isinstance(layer, Int4Linear):
+                packed = Q4_1Linear.from_int4(layer) if choice.layer_kernel == "q4_1" else layer
+                setattr(parent, name, _switch(packed, choice.dense_from, choice.dense_kernel))
     return model
 
 
-def _set_dense(layer: Int4Linear | Int8Linear, rows: int | None, kernel: str) -> None:
+def _switch(packed: nn.Module, rows: int | None, kernel: str) -> KernelSwitch:
     if kernel not in DENSE_KERNELS:
         raise ValueError(f"unknown dense kernel {kernel!r}: one of {sorted(DENSE_KERNELS)}")
-    layer.dense_from, layer.dense_dtype = rows, DENSE_KERNELS[kernel]
-    if rows is not None:
-        layer.dense_weight(layer.dense_dtype)
+    dense = None if rows is None else packed.dequantized().to(DENSE_KERNELS[kernel])
+    return KernelSwitch(packed, dense, rows)

@@ -143,7 +143,7 @@ def stored_weight_bytes(model: torch.nn.Module) -> int:
             + sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("rope.")))
 
 
-MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_",
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_", "kvlib_cpu::q4_1_mm", "kvlib_cpu::q8_0_mm",
                     "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
 
 

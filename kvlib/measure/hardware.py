@@ -11,13 +11,12 @@ from __future__ import annotations
 import copy
 import os
 import platform
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..clock import median_seconds
-from ..device import check_device, default_device, describe_device
+from ..device import check_device, cpu_name, default_device, describe_device, vector_instructions
 
 __all__ = ["memory_bandwidth", "matmul_flops_per_second", "weight_read_floor", "machine_description",
            "measurement_device", "measured_on"]
@@ -114,19 +113,7 @@ def machine_description() -> dict:
     """What the numbers were measured on: the CPU, every device PyTorch can reach
     (``"devices"``), the one measurements run on by default (``"default_device"``, see
     :func:`kvlib.default_device`), and the versions."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith(("flags", "Features")):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    # the widest vector instructions the CPU offers: they decide which matrix kernels run
-    vector = next((name for flag, name in [("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
-                                           ("sse4_2", "SSE4.2"), ("asimd", "NEON")] if flag in flags), "unknown")
-    return {"cpu": cpu, "vector_extensions": vector, "logical_cpus": os.cpu_count(),
+    return {"cpu": cpu_name(), "vector_extensions": vector_instructions(), "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "os": platform.platform(), "devices": _devices(),
             "default_device": describe_device(default_device()), "cuda": torch.version.cuda}

@@ -70,6 +70,10 @@ def _formats(result: dict) -> list[str]:
     return lines
 
 
+KERNEL_NAMES = {"int4": "PyTorch's int4 kernel", "q4_1": "kvlib's Q4_1 kernel", "int8": "int8 (PyTorch's kernel)",
+                "q8_0": "Q8_0 (kvlib's kernel)", "tied": "the tied embedding"}
+
+
 def _kernel_choice(result: dict) -> list[str]:
     """What the fast path chose on this machine, and the timings it chose from; none without a choice."""
     c = result.get("kernel_choice")
@@ -78,22 +82,24 @@ def _kernel_choice(result: dict) -> list[str]:
     out = ", ".join(f"{name} {ms:.2f} ms" for name, ms in c["output_ms"].items())
     sizes = "; ".join(f"{b} row{'s' if b != '1' else ''}: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in t.items())
                       for b, t in c["layers_ms"].items())
-    dense = ("the int4 kernel at every batch size measured" if c["dense_from"] is None else
-             f"the {c.get('dense_kernel', 'dense bfloat16')} weights from {c['dense_from']} rows on, the int4 kernel below")
+    packed = KERNEL_NAMES.get(c.get("layer_kernel", "int4"), c.get("layer_kernel"))
+    dense = (f"{packed} at every batch size measured" if c["dense_from"] is None else
+             f"the {c['dense_kernel']} weights from {c['dense_from']} rows on, {packed} below")
     return ["", f"The fast path's kernels, measured on this machine (`kvlib.fast.kernel_choice`, kept in kvlib's "
-                f"folder for the next run): output layer **{c['output_layer']}** (a decode step with each: {out}; "
-                f"int8 only when the step is clearly faster with it, as it rounds the embedding again)"
-                f"{_int8_rows(c)}; 4-bit layers: **{dense}** (every 4-bit layer once, back to back: {sizes})."]
+                f"folder for the next run): output layer **{KERNEL_NAMES.get(c['output_layer'], c['output_layer'])}** "
+                f"(a decode step with each: {out}; another than the tied one only when the step is clearly faster "
+                f"with it, as it rounds the embedding again){_packed_rows(c)}; 4-bit layers: **{dense}** (every 4-bit "
+                f"layer once, back to back: {sizes})."]
 
 
-def _int8_rows(c: dict) -> str:
-    """Where an int8 output layer leaves its kernel for its dense weight (none for the tied layer)."""
-    if c["output_layer"] != "int8" or not c.get("output_rows_ms"):
+def _packed_rows(c: dict) -> str:
+    """Where an int8 or Q8_0 output layer leaves its kernel for its dense weight (none for the tied layer)."""
+    if c["output_layer"] == "tied" or not c.get("output_rows_ms"):
         return ""
     at = "; ".join(f"{b} rows: " + ", ".join(f"{k} {ms:.2f} ms" for k, ms in t.items())
                    for b, t in c["output_rows_ms"].items())
     where = ("its kernel at every batch size measured" if c.get("output_dense_from") is None else
-             f"its weight dequantized to {c.get('output_dense_kernel', 'dense bfloat16').removeprefix('dense ')} "
+             f"its weight dequantized to {c['output_dense_kernel'].removeprefix('dense ')} "
              f"from {c['output_dense_from']} rows on, its kernel below")
     return f", **{where}** (the layer alone: {at})"
 

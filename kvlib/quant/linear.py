@@ -3,9 +3,12 @@
 
 Only the weights are quantized; activations stay floating point. On a CPU the matrix
 product runs in PyTorch's weight-only kernels, ``aten._weight_int8pack_mm`` and
-``aten._weight_int4pack_mm_for_cpu``, which take bfloat16 activations (with float32 ones
-they fall back to slow loops), so a layer computes in bfloat16 and hands back its input's
-dtype. Elsewhere (a GPU) there is no such kernel for these layouts: the layer dequantizes its
+``aten._weight_int4pack_mm_for_cpu``, which take bfloat16 activations and scales (with float32
+ones they fall back to slow loops), so a layer computes in bfloat16 and hands back its input's
+dtype, whatever the model around it computes in (:func:`kvlib.device.compute_dtype`). The
+scales are kept as the bits of their bfloat16 numbers (``int16``), like the packed integers
+beside them: casting the model to float32 leaves the kernel's operands as the kernel takes them.
+Elsewhere (a GPU) there is no such kernel for these layouts: the layer dequantizes its
 weight once, to a dense matrix in the activations' dtype kept beside the packed integers
 (built when the layer is moved there, dropped when it is moved again), and multiplies by it
 with ``F.linear``. That is as fast as a bfloat16 layer, not faster, and holds the dense copy
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import compute_dtype
 from .formats import dequantize_int8_rows, quantize_int4_groups, quantize_int8_rows
 
 __all__ = ["Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "INT4_GROUP_SIZES"]
@@ -29,6 +33,12 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).to(COMPUTE_DTYPE)                          # (tokens, in)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to bfloat16, kept as its 16-bit patterns (``int16``): data that a cast of the
+    model leaves alone. ``.view(COMPUTE_DTYPE)`` reads the numbers back, at no cost."""
+    return t.to(COMPUTE_DTYPE).contiguous().view(torch.int16)
+
+
 class _WeightOnly(nn.Module):
     """What both layers share: the choice between the CPU kernel and a dense weight.
 
@@ -37,8 +47,6 @@ class _WeightOnly(nn.Module):
     """
 
     force_dense: bool = False
-    dense_from: int | None = None               # CPU inputs of this many rows or more use the dense weight
-    dense_dtype: torch.dtype | None = None      # the dense product's dtype (None: the input's)
     _dense: torch.Tensor | None = None          # the cached dense weight; never a buffer (not saved, not moved)
     out_features: int
 
@@ -46,14 +54,8 @@ class _WeightOnly(nn.Module):
         raise NotImplementedError
 
     def uses_kernel(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` goes through the CPU weight-only kernel (else through the dense weight).
-
-        ``dense_from = n`` (on an instance) sends CPU inputs of ``n`` rows or more through the dense
-        weight: where a batch is large enough for the arithmetic to matter, a dense bfloat16 product
-        can beat the weight-only kernel (:func:`kvlib.fast.kernel_choice` measures where)."""
-        if x.device.type != "cpu" or self.force_dense:
-            return False
-        return self.dense_from is None or x.numel() // x.shape[-1] < self.dense_from
+        """Whether ``x`` goes through the CPU weight-only kernel (else through the dense weight)."""
+        return x.device.type == "cpu" and not self.force_dense
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight as a dense ``(out, in)`` matrix in ``dtype`` on the layer's device: built from
@@ -65,13 +67,13 @@ class _WeightOnly(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         """Moving or casting the buffers drops the dense weight; off the CPU it is rebuilt at
-        once, in the dtype of the layer's scales (the model's dtype), so no forward pass (or
-        compiled graph) has to build it."""
+        once, in the dtype a model computes in there (:func:`kvlib.device.compute_dtype`), so no
+        forward pass (or compiled graph) has to build it."""
         self._dense = None
         out = super()._apply(fn, recurse)
         device = next(iter(self.buffers())).device
         if device.type not in ("cpu", "meta"):
-            self.dense_weight(next(b.dtype for b in self.buffers() if b.is_floating_point()))
+            self.dense_weight(compute_dtype(device))
         return out
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
@@ -79,11 +81,8 @@ class _WeightOnly(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
 
     def _dense_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear`` with :meth:`dense_weight` in ``dense_dtype`` (``dense_dtype = torch.float32``
-        on an instance: a float32 product where a CPU multiplies float32 faster than bfloat16),
-        else in ``x``'s dtype; the result in ``x``'s dtype."""
-        dtype = self.dense_dtype or x.dtype
-        return F.linear(x.to(dtype), self.dense_weight(dtype)).to(x.dtype)
+        """``F.linear`` with :meth:`dense_weight` in ``x``'s dtype."""
+        return F.linear(x, self.dense_weight(x.dtype))
 
 
 class Int8Linear(_WeightOnly):
@@ -96,7 +95,7 @@ class Int8Linear(_WeightOnly):
                              f"{tuple(q.shape)} and {tuple(scale.shape)}")
         self.out_features, self.in_features = q.shape
         self.register_buffer("q", q.contiguous())
-        self.register_buffer("scale", scale.to(COMPUTE_DTYPE))
+        self.register_buffer("scale", _bits(scale))                   # bfloat16 numbers, as int16 bits
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> "Int8Linear":
@@ -110,18 +109,23 @@ class Int8Linear(_WeightOnly):
         widths = {layer.in_features for layer in layers}
         if len(widths) != 1:
             raise ValueError(f"Int8Linear.concat: the layers must share their input width, got {sorted(widths)}")
-        return cls(torch.cat([layer.q for layer in layers]), torch.cat([layer.scale for layer in layers]))
+        return cls(torch.cat([layer.q for layer in layers]), torch.cat([layer.kernel_scale for layer in layers]))
+
+    @property
+    def kernel_scale(self) -> torch.Tensor:
+        """The scales as the kernel takes them: ``(out,)`` bfloat16."""
+        return self.scale.view(COMPUTE_DTYPE)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight this layer stands for: ``q · scale`` (with the scale rounded to bf16)."""
-        return dequantize_int8_rows(self.q, self.scale)
+        return dequantize_int8_rows(self.q, self.kernel_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """On the CPU the int8 kernel, in bfloat16, handing back ``x``'s dtype; elsewhere (or with
         ``force_dense``) ``F.linear`` with :meth:`dense_weight` in ``x``'s dtype."""
         if not self.uses_kernel(x):
             return self._dense_forward(x)
-        y = torch.ops.aten._weight_int8pack_mm(_as_rows(x), self.q, self.scale)
+        y = torch.ops.aten._weight_int8pack_mm(_as_rows(x), self.q, self.kernel_scale)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -145,7 +149,7 @@ class Int4Linear(_WeightOnly):
         # packed by the CPU kernel's own routine wherever q is (there is no other): its layout
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to("cpu", torch.int32), 1)
         self.register_buffer("packed", packed.to(q.device))
-        self.register_buffer("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
+        self.register_buffer("scales_and_zeros", _bits(torch.stack([scale.t(), zero.t()], dim=-1)))  # bf16, as int16 bits
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, group_size: int = 32) -> "Int4Linear":
@@ -174,6 +178,11 @@ class Int4Linear(_WeightOnly):
         out.register_buffer("scales_and_zeros", torch.cat([layer.scales_and_zeros for layer in layers], dim=1))
         return out
 
+    @property
+    def kernel_scales(self) -> torch.Tensor:
+        """The scales and zeros as the kernel takes them: ``(groups, out, 2)`` bfloat16."""
+        return self.scales_and_zeros.view(COMPUTE_DTYPE)
+
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, ``(out, in)`` float32: read back through the kernel
         itself (the identity matrix times the weight), so it is exactly what the kernel uses,
@@ -182,7 +191,7 @@ class Int4Linear(_WeightOnly):
         the result back: once per move (:meth:`dense_weight`), never per call."""
         eye = torch.eye(self.in_features, dtype=COMPUTE_DTYPE, device="cpu")
         w_t = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed.cpu(), self.group_size,
-                                                         self.scales_and_zeros.cpu())          # (in, out)
+                                                         self.kernel_scales.cpu())             # (in, out)
         return w_t.t().float().to(self.packed.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +200,7 @@ class Int4Linear(_WeightOnly):
         if not self.uses_kernel(x):
             return self._dense_forward(x)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(_as_rows(x), self.packed, self.group_size,
-                                                       self.scales_and_zeros)
+                                                       self.kernel_scales)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:

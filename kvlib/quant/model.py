@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
+from ..device import compute_dtype
 from ..model import Decoder
-from .linear import COMPUTE_DTYPE, INT4_GROUP_SIZES, Int4Linear, Int8Linear
+from .linear import INT4_GROUP_SIZES, Int4Linear, Int8Linear
 
 __all__ = ["SCHEMES", "quantize", "is_quantized", "linear_layers"]
 
@@ -27,12 +27,14 @@ def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 
 
 def quantize(model: Decoder, scheme: str, *, group_size: int = 32, output_layer: bool = False) -> Decoder:
-    """A copy of ``model`` whose linear layers store their weights in ``scheme``, computing in
-    bfloat16 (what the CPU kernels take); ``model`` itself is left as it was.
+    """A copy of ``model`` whose linear layers store their weights in ``scheme``; ``model`` itself is
+    left as it was. The copy computes in :func:`kvlib.device.compute_dtype` of ``model``'s device:
+    bfloat16 where it is fast (the CPU kernels multiply in bfloat16 whatever the model computes
+    in), float32 on a CPU without bfloat16 arithmetic.
 
     ``scheme`` is ``"int8"`` (one scale per output channel, symmetric) or ``"int4"`` (a scale
     and a zero per ``group_size`` inputs, asymmetric). The output layer, which is the
-    embedding transposed, stays a bfloat16 copy of the embedding unless ``output_layer=True``
+    embedding transposed, stays the embedding itself unless ``output_layer=True``
     (then it becomes a per-row int8 layer, whatever the scheme): off by default, because it
     moves the predictions more than the layers do for the bytes it saves (the quantization
     section measures both).
@@ -55,4 +57,4 @@ def quantize(model: Decoder, scheme: str, *, group_size: int = 32, output_layer:
         setattr(parent, name, layer)
     if output_layer:
         out.lm_head = Int8Linear.from_weight(model.embed.weight.detach().float())
-    return out.to(COMPUTE_DTYPE).eval()
+    return out.to(compute_dtype(model.device)).eval()

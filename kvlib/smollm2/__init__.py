@@ -21,31 +21,32 @@ __all__ = ["load_smollm2", "smollm2_path", "ModelFileError", "Tokenizer", "open_
            "load_q4_1_decoder", "config_from_gguf"]
 
 
-def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype = torch.float32,
+def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None, download: bool = True,
                  quantized: bool = False) -> tuple[Decoder, Tokenizer]:
     """Load SmolLM2-135M-Instruct: a :class:`kvlib.Decoder` in eval mode and its :class:`kvlib.Tokenizer`.
 
     The weights come from the GGUF file found (or fetched once, if ``download``) by
     :func:`kvlib.smollm2_path`. By default they are dequantized to float32, then cast to
-    ``dtype`` and moved to ``device``; ``device=None`` means :func:`kvlib.default_device`
+    ``dtype`` (``None``: float32) and moved to ``device``; ``device=None`` means :func:`kvlib.default_device`
     (``KVLIB_DEVICE`` if set, else CUDA when available, else the CPU), so on a machine with
     a CUDA build of PyTorch and a GPU the model lands on the GPU: pass ``device="cpu"`` to
     keep it on the CPU. With ``quantized=True`` the file's 4-bit (Q4_1) layers stay 4-bit
-    (:func:`kvlib.smollm2.load_q4_1_decoder`) and the model computes in bfloat16; ``dtype`` is
-    then ignored (off the CPU those layers multiply by their weight dequantized once, see
-    :class:`kvlib.quant.Int4Linear`). The file is parsed once for both model and tokenizer.
+    (:func:`kvlib.smollm2.load_q4_1_decoder`) and the rest of the model computes in ``dtype``,
+    by default :func:`kvlib.device.compute_dtype` of ``device``: bfloat16 on a GPU or a CPU that
+    multiplies it natively, float32 on other CPUs (off the CPU those layers multiply by their
+    weight dequantized once, see :class:`kvlib.quant.Int4Linear`). The file is parsed once for both model and tokenizer.
     Raises :class:`kvlib.ModelFileError` if the file is missing or damaged, and a
     ``ValueError`` if ``device=None`` and ``KVLIB_DEVICE`` names a device this machine lacks.
     """
-    if device is None:
-        from ..device import default_device
-        device = default_device()
+    from ..device import compute_dtype, default_device
+
+    device = default_device() if device is None else device
     file = smollm2_path(path, download=download)
     reader = open_gguf(file)
     if quantized:
-        model = load_q4_1_decoder(reader, file).to(device=device)
+        model = load_q4_1_decoder(reader, file, dtype or compute_dtype(device)).to(device=device)
     else:
-        model = load_gguf_decoder(reader, path=file, dtype=dtype, device=device)
+        model = load_gguf_decoder(reader, path=file, dtype=dtype or torch.float32, device=device)
     tokenizer = Tokenizer.from_gguf(reader, path=file)
     return model, tokenizer

@@ -3,24 +3,30 @@ from __future__ import annotations
 
 import os
 
+import torch
+
+from ..device import compute_dtype
 from ..model import Decoder
 from ..quant.formats import q4_1_as_int4_groups
-from ..quant.linear import COMPUTE_DTYPE, Int4Linear
+from ..quant.linear import Int4Linear
 from ..quant.model import linear_layers
 from .gguf import RawTensor, config_from_gguf, read_state_dict, unpermute
 
 __all__ = ["load_q4_1_decoder"]
 
 
-def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)") -> Decoder:
+def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)", dtype: torch.dtype | None = None) -> Decoder:
     """A :class:`kvlib.Decoder` that keeps a GGUF file's Q4_1 matrices as they are stored: each
     becomes an :class:`~kvlib.quant.Int4Linear` with ``scale = d`` and ``zero = m + 8 d``, with no
     float32 copy of them on the way. Everything else (the Q8_0 embedding, which is also the
-    output layer, and the norms) is decoded and kept in bfloat16, the dtype the model computes in.
+    output layer, and the norms) is decoded and kept in ``dtype``, the dtype the model computes
+    in: by default :func:`kvlib.device.compute_dtype` of the CPU, bfloat16 where the CPU multiplies
+    it natively and float32 elsewhere.
 
     Exact up to bf16: the 4-bit integers are the file's; the scales and zeros are rounded from
     float16 (``d``, ``m``) to bfloat16, as the kernel takes them.
     """
+    dtype = dtype or compute_dtype("cpu")
     config = config_from_gguf(reader, path)
     state = read_state_dict(reader, config, path, raw=frozenset({"Q4_1"}))
     model = Decoder.empty(config)                                          # the layout only: no weights yet
@@ -33,8 +39,8 @@ def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)") -> Decoder:
         if tensor.permuted_heads:                                          # llama.cpp's row order for q and k
             q, scale, zero = (unpermute(t, tensor.permuted_heads) for t in (q, scale, zero))
         setattr(parent, name, Int4Linear(q, scale, zero, group_size=32))
-    model.load_state_dict({k: v.to(COMPUTE_DTYPE) for k, v in state.items()}, strict=False, assign=True)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta] + [n for n, b in model.named_buffers() if b.is_meta]
     if missing:
         raise ValueError(f"{path}: no tensor for {missing[0]} (and {len(missing) - 1} more)")
-    return model.to(COMPUTE_DTYPE).eval()
+    return model.to(dtype).eval()

@@ -10,13 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlib import Config, Decoder, generate
-from kvlib.fast import KernelChoice, apply_choice, fast_model, fuse, kernel_choice
-from kvlib.fast.choose import (DENSE_KERNELS, DENSE_MARGIN, OUTPUT_INT8_MARGIN, choice_path, choose,
-                               dense_against_kernel, measure_kernels)
+from kvlib.fast import KernelChoice, KernelSwitch, Q4_1Linear, Q8_0Linear, apply_choice, fast_model, fuse, kernel_choice
+from kvlib.fast import kernels
+from kvlib.fast.choose import (DENSE_KERNELS, DENSE_MARGIN, OUTPUT_MARGIN, choice_path, choose, dense_against_kernels,
+                               dense_candidates, measure_kernels)
 from kvlib.quant import Int4Linear, Int8Linear, quantize
 from kvlib.serve import generate_batch
 
 CFG = Config(vocab_size=97, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=64)
+OURS = kernels.kernels_missing() is None          # kvlib's own kernels built here (a C++ compiler)
 
 
 @pytest.fixture(scope="module")
@@ -25,24 +27,39 @@ def native():
     return quantize(Decoder(CFG).eval(), "int4", group_size=32)
 
 
-def _layers(int4: dict[int, float], dense: dict[int, float], f32: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
+def _layers(int4: dict[int, float], dense: dict[int, float], f32: dict[int, float] | None = None,
+            q4_1: dict[int, float] | None = None) -> dict[str, dict[str, float]]:
     f32 = f32 or {b: 100.0 for b in int4}                     # float32 slow unless the test says otherwise
-    return {str(b): {"int4": int4[b], "dense bfloat16": dense[b], "dense float32": f32[b]} for b in int4}
+    q4_1 = q4_1 or {b: 100.0 for b in int4}                   # kvlib's kernel slow unless the test says otherwise
+    return {str(b): {"int4": int4[b], "q4_1": q4_1[b], "dense bfloat16": dense[b], "dense float32": f32[b]}
+            for b in int4}
 
 
-def test_int8_output_layer_only_when_clearly_faster():
+def test_another_output_layer_only_when_clearly_faster():
     layers = _layers({1: 1.0}, {1: 2.0})
-    assert choose({"tied bfloat16": 3.0, "int8": 1.3}, layers).output_layer == "int8"
-    assert choose({"tied bfloat16": 3.0, "int8": 3.0 * OUTPUT_INT8_MARGIN + 0.01}, layers).output_layer == "tied bfloat16"
-    assert choose({"tied bfloat16": 1.0, "int8": 2.0}, layers).output_layer == "tied bfloat16"
+    assert choose({"tied": 3.0, "int8": 1.3, "q8_0": 2.0}, layers).output_layer == "int8"
+    assert choose({"tied": 3.0, "int8": 1.3, "q8_0": 1.0}, layers).output_layer == "q8_0"
+    assert choose({"tied": 3.0, "int8": 3.0 * OUTPUT_MARGIN + 0.01}, layers).output_layer == "tied"
+    assert choose({"tied": 1.0, "int8": 2.0, "q8_0": 2.0}, layers).output_layer == "tied"
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3), st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3))
-def test_dense_from_is_where_dense_wins_from_there_on(int4, dense):
+@given(st.floats(0.1, 10.0), st.floats(0.1, 10.0))
+def test_the_packed_kernel_is_the_faster_at_one_row(int4, q4_1):
+    choice = choose({"tied": 1.0}, _layers({1: int4, 8: 5.0}, {1: 100.0, 8: 100.0}, q4_1={1: q4_1, 8: 1.0}))
+    assert choice.layer_kernel == ("q4_1" if q4_1 < int4 else "int4")
+    assert choose({"tied": 1.0}, {"1": {"int4": int4}}).layer_kernel == "int4"      # where kvlib's kernel is missing
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3), st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3),
+       st.lists(st.floats(0.1, 10.0), min_size=3, max_size=3))
+def test_dense_from_is_where_dense_wins_over_the_chosen_kernel_from_there_on(int4, q4_1, dense):
     sizes = [1, 8, 32]
-    choice = choose({"tied bfloat16": 1.0, "int8": 1.0}, _layers(dict(zip(sizes, int4)), dict(zip(sizes, dense))))
-    wins = [d < DENSE_MARGIN * i for i, d in zip(int4, dense)]
+    choice = choose({"tied": 1.0}, _layers(dict(zip(sizes, int4)), dict(zip(sizes, dense)),
+                                           q4_1=dict(zip(sizes, q4_1))))
+    packed = int4 if choice.layer_kernel == "int4" else q4_1
+    wins = [d < DENSE_MARGIN * p for p, d in zip(packed, dense)]
     if choice.dense_from is None:
         assert not any(all(wins[k:]) for k in range(3))
     else:
@@ -58,8 +75,7 @@ def test_the_dense_product_is_the_faster_dtype_at_the_largest_batch(int4, bf16, 
     dequantized weights can beat both the int4 kernel and a bfloat16 product: the dense dtype is
     the one faster at 32 rows, and dense_from is judged against that one."""
     sizes = [1, 8, 32]
-    choice = choose({"tied bfloat16": 1.0, "int8": 1.0},
-                    _layers(dict(zip(sizes, int4)), dict(zip(sizes, bf16)), dict(zip(sizes, f32))))
+    choice = choose({"tied": 1.0}, _layers(dict(zip(sizes, int4)), dict(zip(sizes, bf16)), dict(zip(sizes, f32))))
     dense = choice.dense_kernel
     assert dense == ("dense float32" if f32[2] < bf16[2] else "dense bfloat16")
     times = f32 if dense == "dense float32" else bf16
@@ -68,18 +84,21 @@ def test_the_dense_product_is_the_faster_dtype_at_the_largest_batch(int4, bf16, 
     assert choice.dense_from == first
 
 
-def test_an_int8_output_layer_leaves_its_kernel_where_dense_wins():
+def test_a_packed_output_layer_leaves_its_kernel_where_dense_wins():
     """Its kernel pays off for one row; from the batch size where its dense weight wins (by the 4-bit
-    layers' rule) it takes that. Only for int8: the tied layer is dense already."""
+    layers' rule) it takes that. Only for int8 and Q8_0: the tied layer is dense already."""
     layers = _layers({1: 1.0}, {1: 2.0})
-    rows = {"8": {"int8": 3.4, "dense bfloat16": 2.8, "dense float32": 5.0},
-            "32": {"int8": 13.7, "dense bfloat16": 4.1, "dense float32": 6.0}}
-    assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 8
+    rows = {"8": {"int8": 3.4, "q8_0": 3.5, "dense bfloat16": 2.8, "dense float32": 5.0},
+            "32": {"int8": 13.7, "q8_0": 9.0, "dense bfloat16": 4.1, "dense float32": 6.0}}
+    assert choose({"tied": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 8
     rows["8"]["dense bfloat16"] = 3.3                     # not a clear win at 8: from 32
-    assert choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 32
-    assert choose({"tied bfloat16": 1.0, "int8": 1.0}, layers, "", rows).output_dense_from is None
+    assert choose({"tied": 3.0, "int8": 1.0}, layers, "", rows).output_dense_from == 32
+    assert choose({"tied": 1.0, "int8": 1.0}, layers, "", rows).output_dense_from is None
+    assert choose({"tied": 3.0, "int8": 2.0, "q8_0": 1.0}, layers, "", rows).output_dense_from == 32    # q8_0's own
+    rows["8"]["q8_0"] = 9.0                               # judged against q8_0's time, not int8's
+    assert choose({"tied": 3.0, "int8": 2.0, "q8_0": 1.0}, layers, "", rows).output_dense_from == 8
     rows["32"]["dense float32"] = 3.0                     # float32 faster at 32 rows: its product, from 32
-    chosen = choose({"tied bfloat16": 3.0, "int8": 1.0}, layers, "", rows)
+    chosen = choose({"tied": 3.0, "int8": 1.0}, layers, "", rows)
     assert (chosen.output_dense_kernel, chosen.output_dense_from) == ("dense float32", 32)
 
 
@@ -99,12 +118,12 @@ def test_output_layers_are_timed_in_a_whole_decode_step(native):
 
     measure_kernels(fast, batch_sizes=(1,), timer=timer)
     in_steps = {name for name, blocks in seen if blocks == [1]}             # one token through the model
-    assert in_steps == {"NoneType", "Int8Linear"}
+    assert in_steps == {"NoneType", "Int8Linear"} | ({"Q8_0Linear"} if OURS else set())
     assert fast.lm_head is None
 
 
-def _forward_calls(layers: list[Int4Linear], fn) -> int:
-    """Run ``fn`` and count the forward calls of ``layers`` in it (the int4 kernel runs them; a dense
+def _forward_calls(layers: list, fn) -> int:
+    """Run ``fn`` and count the forward calls of ``layers`` in it (a packed kernel runs them; a dense
     product of their dequantized weights does not)."""
     seen: list[int] = []
     hooks = [m.register_forward_hook(lambda *_: seen.append(1)) for m in layers]
@@ -128,28 +147,37 @@ def test_measurement_names_every_candidate(native):
         return 1e-3
 
     output_ms, layers_ms, output_rows_ms = measure_kernels(fast, batch_sizes=(1, 4), timer=timer)
-    assert output_ms == {"tied bfloat16": 1.0, "int8": 1.0}
-    # every candidate at the largest size; no dense product faster there, so no smaller size is timed
-    assert layers_ms == {"4": {"int4": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}}
-    assert output_rows_ms == {"4": {"int8": 1.0, "dense bfloat16": 1.0, "dense float32": 1.0}}   # one row: the step's
-    # every layer once: the 4 decode steps (each output layer, twice) and the int4 kernel at 4 rows
-    assert runs.count(len(layers)) == 4 + 1 and len(layers) == 4 * CFG.n_layers
+    ours = ["q4_1"] if OURS else []
+    assert output_ms == {"tied": 1.0, "int8": 1.0, **({"q8_0": 1.0} if OURS else {})}
+    dense = {name: 1.0 for name in dense_candidates()}
+    # every candidate at the largest size; no dense product faster there, so only the packed kernels at 1
+    assert layers_ms == {"1": {"int4": 1.0, **{k: 1.0 for k in ours}}, "4": {"int4": 1.0, **{k: 1.0 for k in ours}, **dense}}
+    assert output_rows_ms == {"4": {"int8": 1.0, **({"q8_0": 1.0} if OURS else {}), **dense}}   # one row: the step's
+    # every layer once: the decode steps (each output layer, twice) and the int4 kernel at 1 and 4 rows
+    assert runs.count(len(layers)) == 2 * len(output_ms) + 2 and len(layers) == 4 * CFG.n_layers
 
 
-def test_smaller_batches_time_only_the_dense_product_that_won_the_largest(native):
+def test_smaller_batches_time_only_the_dense_product_that_won_the_largest(native, monkeypatch):
     """From the largest batch size down: all dense candidates there, then only the faster one, for
-    as long as it beats the kernel (here always: the fake timer makes every dense product twice as
-    fast as the int4 kernel, so both tie and the first, bfloat16, is kept)."""
-    fast = fuse(native)
-    layers = [m for m in fast.modules() if isinstance(m, Int4Linear)]
+    as long as it beats the packed kernel (here always: the fake timer makes every dense product
+    twice as fast as the int4 kernel, so they tie and the first is kept)."""
+    monkeypatch.setattr("kvlib.fast.choose.bfloat16_is_fast", lambda device: True)     # both dtypes candidates
+    layers = [m for m in fuse(native).modules() if isinstance(m, Int4Linear)]
 
     def timer(fn):
         return 2e-3 if _forward_calls(layers, fn) else 1e-3       # the int4 kernel runs the layers' forward
 
-    ms = dense_against_kernel(layers, "int4", (1, 8, 32), timer)
+    ms = dense_against_kernels({"int4": layers}, [layer.dequantized() for layer in layers], (1, 8, 32), timer)
     assert list(ms) == ["1", "8", "32"] and set(ms["32"]) == {"int4", *DENSE_KERNELS}
     assert set(ms["8"]) == set(ms["1"]) == {"int4", "dense bfloat16"}
-    assert choose({"tied bfloat16": 1.0, "int8": 1.0}, ms).dense_from == 1
+    assert choose({"tied": 1.0}, ms).dense_from == 1
+
+
+def test_no_bfloat16_candidate_where_the_cpu_has_no_bfloat16_arithmetic(monkeypatch):
+    monkeypatch.setenv("KVLIB_CPU_BFLOAT16", "0")
+    assert dense_candidates() == ["dense float32"]
+    monkeypatch.setenv("KVLIB_CPU_BFLOAT16", "1")
+    assert dense_candidates() == ["dense bfloat16", "dense float32"]
 
 
 def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_path):
@@ -172,30 +200,44 @@ def test_choice_is_kept_per_machine_and_measured_once(native, monkeypatch, tmp_p
     assert len(calls) == 2 * n
 
 
-@pytest.mark.parametrize("choice", [KernelChoice("tied bfloat16", None), KernelChoice("tied bfloat16", 1),
-                                    KernelChoice("tied bfloat16", 4, dense_kernel="dense float32"),
-                                    KernelChoice("int8", 4), KernelChoice("int8", None, output_dense_from=4),
-                                    KernelChoice("int8", None, output_dense_from=4, output_dense_kernel="dense float32")])
+CHOICES = [KernelChoice("tied", "int4", None), KernelChoice("tied", "int4", 1),
+           KernelChoice("tied", "int4", 4, "dense bfloat16"), KernelChoice("int8", "int4", 4),
+           KernelChoice("int8", "int4", None, output_dense_from=4, output_dense_kernel="dense bfloat16")]
+OUR_CHOICES = [KernelChoice("tied", "q4_1", None), KernelChoice("q8_0", "q4_1", 4),
+               KernelChoice("q8_0", "int4", None, output_dense_from=4)]
+
+
+@pytest.mark.parametrize("choice", CHOICES + (OUR_CHOICES if OURS else []))
 def test_every_choice_writes_its_formats_tokens(native, choice):
-    """Batch 1 and 6: the int4 kernel, the dense weight (from 1 or 4 rows on), the int8 output layer.
-    The tied and dense choices compute what the native model computes (up to bfloat16 rounding):
-    the same greedy tokens. The int8 output layer rounds the embedding again: compared with
-    the same format eager (``fuse`` with its int8 output layer)."""
+    """Batch 1 and 6: each packed kernel, the dense weight (from 1 or 4 rows on), each output layer.
+    The tied and dense choices compute what the native model computes (up to rounding): the same
+    greedy tokens. An int8 or Q8_0 output layer rounds the embedding again: compared with the same
+    format eager (``fuse`` with its int8 output layer, or the Q8_0 layer put in by hand). kvlib's
+    kernels also round the activations to 8 bits: their logits move more, up to near-ties."""
     fast = apply_choice(fuse(native), choice)
+    switches = [m for m in fast.modules() if isinstance(m, KernelSwitch)]
+    packed = Q4_1Linear if choice.layer_kernel == "q4_1" else Int4Linear
+    assert sum(isinstance(m.packed, packed) for m in switches) == 4 * CFG.n_layers
     if choice.output_dense_from is not None:           # 6 rows at once take the dense weight, 1 row the kernel
-        assert fast.lm_head.uses_kernel(torch.ones(1, 1, CFG.d_model))
-        assert not fast.lm_head.uses_kernel(torch.ones(6, 1, CFG.d_model))
-        assert fast.lm_head.dense_dtype == DENSE_KERNELS[choice.output_dense_kernel]
-    int4 = [m for m in fast.modules() if isinstance(m, Int4Linear)]
-    assert {m.dense_dtype for m in int4} == {DENSE_KERNELS[choice.dense_kernel]}
+        assert fast.lm_head.dense.dtype == DENSE_KERNELS[choice.output_dense_kernel]
     if choice.dense_from is not None:                  # the dense weight built beforehand, in the chosen dtype
-        assert {m._dense.dtype for m in int4} == {DENSE_KERNELS[choice.dense_kernel]}
-    reference = native if choice.output_layer == "tied bfloat16" else fuse(native, int8_output_layer=True)
+        assert {m.dense.dtype for m in switches if m is not fast.lm_head} == {DENSE_KERNELS[choice.dense_kernel]}
+    reference = native if choice.output_layer == "tied" else fuse(native, int8_output_layer=True)
+    if choice.output_layer == "q8_0":
+        reference.lm_head = Q8_0Linear(native.embed.weight.float())
+    rel = 0.08 if "q4_1" in (choice.layer_kernel,) or choice.output_layer == "q8_0" else 0.03
     prompts = [[(7 * i + j) % 97 for j in range(5 + i)] for i in range(6)]
-    _same_or_tie(generate(fast, prompts[0], 12, keep_logits=True), generate(reference, prompts[0], 12, keep_logits=True))
+    _same_or_tie(generate(fast, prompts[0], 12, keep_logits=True), generate(reference, prompts[0], 12, keep_logits=True),
+                 rel)
     for a, b in zip(generate_batch(fast, prompts, 8, keep_logits=True),
                     generate_batch(reference, prompts, 8, keep_logits=True)):
-        _same_or_tie(a, b)
+        _same_or_tie(a, b, rel)
+
+
+def test_a_choice_that_needs_kvlibs_kernels_says_so_where_they_are_missing(native, monkeypatch):
+    monkeypatch.setattr(kernels, "kernels_missing", lambda: "no C++ compiler (a test)")
+    with pytest.raises(RuntimeError, match="refresh=True"):
+        apply_choice(fuse(native), KernelChoice("q8_0", "int4", None))
 
 
 def _same_or_tie(fast, reference, rel: float = 0.03):

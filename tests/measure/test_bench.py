@@ -318,7 +318,8 @@ def test_markdown_report_with_quality_batched_and_goals():
                         "met": None, "unit": "%"},
                        {"goal": "a new process's first compiled step", "target": 15.0, "value": 16.4, "met": False,
                         "unit": "s", "at_most": True, "short_by": "1.4 s", "held_by": None}]
-    result["kernel_choice"] = {"output_layer": "int8", "dense_from": None, "output_ms": {"tied bfloat16": 2.75, "int8": 1.4},
+    result["kernel_choice"] = {"output_layer": "int8", "layer_kernel": "int4", "dense_from": None,
+                               "dense_kernel": "dense float32", "output_ms": {"tied": 2.75, "int8": 1.4},
                                "layers_ms": {"1": {"int4": 0.2, "dense bfloat16": 0.37}}}
     result["profile_fast"] = {"context_len": 300, "ms_per_step": 20.0, "wall_ms_per_step": 30.0, "matmul_share": 0.6,
                               "ops_per_step": 5000, "top": [("aten::_weight_int4pack_mm_for_cpu", 120, 9.5)]}
@@ -333,10 +334,11 @@ def test_markdown_report_with_quality_batched_and_goals():
     assert "| prefill, kvlib's fastest / llama.cpp | 2.00× | 1.91× | no |  |  |" in md
     assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in md
     assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in md
-    assert "output layer **int8** (a decode step with each: tied bfloat16 2.75 ms, int8 1.40 ms;" in md
-    assert "4-bit layers: **the int4 kernel at every batch size measured** (" in md
+    assert "output layer **int8 (PyTorch's kernel)** (a decode step with each: tied 2.75 ms, int8 1.40 ms;" in md
+    assert "4-bit layers: **PyTorch's int4 kernel at every batch size measured** (" in md
     assert "as it rounds the embedding again); 4-bit" in md          # no rows measured for the int8 layer: no clause
-    result["kernel_choice"].update(output_dense_from=8, output_rows_ms={"8": {"int8": 3.4, "dense bfloat16": 2.8}})
+    result["kernel_choice"].update(output_dense_from=8, output_dense_kernel="dense bfloat16",
+                                   output_rows_ms={"8": {"int8": 3.4, "dense bfloat16": 2.8}})
     assert ("again), **its weight dequantized to bfloat16 from 8 rows on, its kernel below** (the layer alone: 8 rows: "
             "int8 3.40 ms, dense bfloat16 2.80 ms); 4-bit") in to_markdown(result)
 

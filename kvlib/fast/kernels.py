@@ -1,0 +1,156 @@
+"""kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file),
+built on first use with the machine's C++ compiler and kept in kvlib's folder.
+
+They multiply as llama.cpp does on a CPU: each row of activations is rounded to 8-bit integers
+in blocks of 32 (a float scale per block), and each block of weights is multiplied with integer
+dot products, then scaled (``cpu_kernels.cpp`` gives the formula). Two weight formats, in the
+GGUF file's own block layouts: Q4_1 (the model file's 4-bit layers) and Q8_0 (its embedding,
+which is also the output layer). On an x86 CPU with AVX2 the dot products are AVX2's byte
+products (``_mm256_maddubs_epi16``); elsewhere plain loops.
+
+:func:`kernels_missing` says why they cannot be used here (no C++ compiler, a failed build), or
+``None``; :func:`load` builds them once (a few seconds) and registers ``torch.ops.kvlib_cpu``.
+:func:`reference_mm` is the same arithmetic in PyTorch, which the tests compare them with. The
+fast path (:mod:`kvlib.fast.choose`) measures them against PyTorch's kernels and uses them where
+they win; nothing else depends on them.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..device import cpu_flags
+from ..paths import cache_dir
+
+__all__ = ["ENV_SIMD", "SOURCE", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
+           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm"]
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+BLOCK = 32                                    # weights (and activations) per block
+BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}        # ggml's block_q4_1 and block_q8_0
+ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": build the plain loops even where AVX2 exists
+_LIB = "libkvlib_cpu_kernels.so"
+_state: dict[str, object] = {}                # "loaded": path, or "error": why not
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build with: ``$CXX``, else the first of c++, g++, clang++ on the PATH."""
+    found = [os.environ.get("CXX")] + [shutil.which(name) for name in ("c++", "g++", "clang++")]
+    return next((c for c in found if c), None)
+
+
+def simd_flags() -> list[str]:
+    """The compiler flags for this CPU's vector instructions: AVX2 with FMA and F16C on an x86 CPU
+    that has all three (``KVLIB_KERNELS_SIMD=off`` leaves them out), else none (plain loops)."""
+    if os.environ.get(ENV_SIMD, "").lower() == "off" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= cpu_flags() else []
+
+
+def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    lib = torch_dir / "lib"
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *simd_flags(),
+           f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+           str(SOURCE), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}"]
+    if openmp:      # torch's own OpenMP runtime (the same soname, so the one already loaded): threads shared
+        cmd[1:1] = ["-fopenmp"]
+        cmd += [f"-l:{p.name}" for p in lib.glob("libgomp*.so*")][:1] or ["-lgomp"]
+    if sys.platform == "darwin":
+        cmd += ["-undefined", "dynamic_lookup"]
+    return cmd
+
+
+def library_path() -> Path:
+    """Where the built kernels are kept: kvlib's folder, ``kernels/``, one file per source, torch
+    version, compiler and vector flags (so that a change of any of them builds again)."""
+    key = "|".join([SOURCE.read_text(), torch.__version__, compiler() or "", " ".join(simd_flags())])
+    return cache_dir() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16] / _LIB
+
+
+def _build(path: Path) -> None:
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("kvlib's CPU kernels need a C++ compiler and found none (Debian/Ubuntu: apt install g++; "
+                           "macOS: xcode-select --install)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:      # built aside, then moved: another process
+        out = Path(tmp) / _LIB                                       # loading it meanwhile sees all or nothing
+        errors = ""
+        for openmp in (True, False):                                 # without OpenMP (some Mac compilers): one thread
+            run = subprocess.run(_command(cxx, out, openmp), capture_output=True, text=True)
+            if run.returncode == 0:
+                os.replace(out, path)
+                return
+            errors = run.stderr[:2000]
+        raise RuntimeError(f"building kvlib's CPU kernels with {cxx} failed:\n{errors}")
+
+
+def load() -> bool:
+    """Build (once per machine) and load the kernels; ``True`` when ``torch.ops.kvlib_cpu`` is ready,
+    ``False`` when they cannot be used here (:func:`kernels_missing` says why)."""
+    if "loaded" in _state or "error" in _state:
+        return "loaded" in _state
+    try:
+        path = library_path()
+        if not path.exists():
+            _build(path)
+        torch.ops.load_library(str(path))
+        _register_fakes()
+        _state["loaded"] = path
+    except (RuntimeError, OSError) as err:
+        _state["error"] = str(err)
+    return "loaded" in _state
+
+
+def kernels_missing() -> str | None:
+    """Why kvlib's CPU kernels cannot be used here (building them if they were not yet), or ``None``."""
+    return None if load() else str(_state["error"])
+
+
+def simd() -> str:
+    """Which code the loaded kernels run: ``"avx2"`` or ``"plain loops"``."""
+    if not load():
+        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    return torch.ops.kvlib_cpu.simd()
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile, which traces the kernels without running them."""
+    for name in ("q4_1_mm", "q8_0_mm"):
+        torch.library.register_fake(f"kvlib_cpu::{name}")(lambda x, w, n: x.new_empty(*x.shape[:-1], n))
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' rounding of activations, in PyTorch: ``x`` float32 ``(rows, in)`` to int8 in
+    blocks of 32, ``(q (rows, in/32, 32), d (rows, in/32))``: ``d = amax / 127`` and
+    ``q = round-half-even(x · (127 / amax))`` (0 where a block is all zeros)."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(blocks * inv[..., None]).to(torch.int8), amax / 127.0
+
+
+def reference_mm(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernels compute, in float64: ``x`` float32 ``(rows, in)`` rounded by
+    :func:`quantize_rows_reference`, times weights ``d · q + m`` given as ``q`` ``(out, in)``
+    (0..15 for Q4_1, -127..127 for Q8_0), and ``d``, ``m`` ``(out, in/32)`` (``m=None``: Q8_0).
+    The integer dot products are exact, so this differs from the kernels only by their float32
+    sums: ``(rows, out)``."""
+    qx, dx = quantize_rows_reference(x)                                        # (rows, b, 32), (rows, b)
+    qw = q.reshape(q.shape[0], -1, BLOCK).double()                             # (out, b, 32)
+    dots = torch.einsum("rbi,obi->rob", qx.double(), qw)                      # exact integer sums
+    out = (dots * dx.double()[:, None, :] * d.double()[None]).sum(-1)
+    if m is not None:
+        sums = qx.double().sum(-1) * dx.double()                               # s = d_x · sum(q_x), (rows, b)
+        out = out + torch.einsum("rb,ob->ro", sums, m.double())
+    return out
