@@ -65,14 +65,32 @@ def fmt_runtime(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60} s"
 
 
+MACHINE_LINE = "This page's measurements: "        # what kvlib.describe_machine() prints
+
+
+def machine(path: Path) -> str | None:
+    """What the stored run of the notebook at ``path`` measured on: the rest of the line its first
+    measuring cell printed with ``kvlib.describe_machine()``, or ``None`` where it prints none."""
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        for output in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
+            for line in "".join(output.get("text", "")).splitlines():
+                if line.startswith(MACHINE_LINE):
+                    return line[len(MACHINE_LINE):]
+    return None
+
+
 def runtimes(chapters: Path) -> dict[str, str]:
-    """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``, and
-    ``compile_NN`` for those that compile."""
-    found = {}
+    """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``, ``compile_NN``
+    for those that compile, and ``notebooks_machine``: the machine the stored runs name (each
+    machine once, in the order of the sections, where they name several)."""
+    found, machines = {}, []
     for path in sorted(chapters.glob("[0-9][0-9]_*.ipynb")):
         found[f"runtime_{path.name[:2]}"] = fmt_runtime(notebook_seconds(path))
         if compiles(path):
             found[f"compile_{path.name[:2]}"] = fmt_runtime(compile_seconds(path))
+        if (name := machine(path)) and name not in machines:
+            machines.append(name)
+    found["notebooks_machine"] = "; ".join(machines) or "an unnamed machine"
     return found
 
 

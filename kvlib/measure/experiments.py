@@ -9,7 +9,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -21,23 +21,32 @@ from .roofline import decode_step_seconds, row_cost
 
 @dataclass
 class SpeedComparison:
-    """One prompt generated with and without the cache: tokens, logits and wall-clock times."""
+    """One prompt generated with and without the cache: tokens, logits and wall-clock times.
+
+    The uncached run makes the first ``n_uncached`` of the ``n_new`` tokens (all of them unless a
+    time budget stopped it earlier), and the two are compared on those: the same tokens, and the
+    time each took for them (``ratio``)."""
 
     prompt_len: int
     n_new: int
     cached: Generation
     uncached: Generation
-    cached_seconds: list[float] = field(default_factory=list)
-    uncached_seconds: list[float] = field(default_factory=list)
+    cached_seconds: list[float] = field(default_factory=list)      # whole runs of n_new tokens
+    uncached_seconds: list[float] = field(default_factory=list)    # whole runs of n_uncached tokens
+
+    @property
+    def n_uncached(self) -> int:
+        return len(self.uncached.tokens)
 
     @property
     def identical(self) -> bool:
-        return self.cached.tokens == self.uncached.tokens
+        """Whether the uncached run's tokens are the cached run's first ``n_uncached``."""
+        return self.cached.tokens[:self.n_uncached] == self.uncached.tokens
 
     @property
     def max_logit_diff(self) -> float:
         """Largest absolute difference between the logits the two paths chose each token from."""
-        return float((self.cached.logits - self.uncached.logits).abs().max())
+        return float((self.cached.logits[:self.n_uncached] - self.uncached.logits).abs().max())
 
     @property
     def cached_median(self) -> float:
@@ -48,9 +57,17 @@ class SpeedComparison:
         return statistics.median(self.uncached_seconds)
 
     @property
+    def cached_seconds_for_uncached(self) -> float:
+        """The cached run's time for the tokens the uncached run made: the whole run when it made them
+        all, else its first ``n_uncached`` steps (the prefill and the steps after it)."""
+        if self.n_uncached == self.n_new:
+            return self.cached_median
+        return self.cached.records and sum(r.seconds for r in self.cached.records[:self.n_uncached])
+
+    @property
     def ratio(self) -> float:
-        """How many times longer the uncached run took (median over median)."""
-        return self.uncached_median / self.cached_median
+        """How many times longer the uncached run took for the same tokens."""
+        return self.uncached_median / self.cached_seconds_for_uncached
 
 
 def _timed(model, prompt, n_new, use_cache, compile=False) -> tuple[Generation, float]:
@@ -61,25 +78,33 @@ def _timed(model, prompt, n_new, use_cache, compile=False) -> tuple[Generation, 
 
 def compare_speed(model: torch.nn.Module, prompt_ids: Sequence[int], n_new: int, *,
                   repeats_cached: int = 3, repeats_uncached: int = 1, warmup_tokens: int = 4,
-                  progress: bool = True) -> SpeedComparison:
+                  uncached_budget_s: float | None = None, progress: bool = True) -> SpeedComparison:
     """Generate ``n_new`` greedy tokens both ways, in one process with the same thread count.
 
-    A short warm-up of both paths runs first (untimed), so that one-off costs such as
-    memory allocation and kernel selection do not land on either side. Each timed run is
-    the wall-clock time of a whole ``generate`` call; with several repeats the medians
-    are compared.
+    A short warm-up of both paths runs first (untimed; the uncached one makes a single token, one
+    step over the whole prompt), so that one-off costs such as memory allocation and kernel
+    selection do not land on either side. Each timed run is the wall-clock time of a whole
+    ``generate`` call; with several repeats the medians are compared. ``uncached_budget_s``:
+    the uncached run makes only as many tokens as its warm-up step says fit in that many seconds
+    (each later step is a little longer, its context a token longer), at least one; a slow
+    machine compares fewer tokens, not a worse measurement.
     """
     generate(model, prompt_ids, warmup_tokens, use_cache=True)
-    generate(model, prompt_ids, warmup_tokens, use_cache=False)
-    runs = [(True, i) for i in range(repeats_cached)] + [(False, i) for i in range(repeats_uncached)]
+    with Stopwatch() as warm:
+        generate(model, prompt_ids, 1, use_cache=False)
+    n_uncached = n_new
+    if uncached_budget_s is not None:
+        grows = (len(prompt_ids) + n_new) / len(prompt_ids)                  # the last step's context over the first's
+        n_uncached = max(1, min(n_new, int(uncached_budget_s / (warm.seconds * grows))))
+    runs = [(True, n_new)] * repeats_cached + [(False, n_uncached)] * repeats_uncached
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(runs), desc=f"{n_new} tokens, both ways", unit="run")
     gens: dict[bool, Generation] = {}
     seconds: dict[bool, list[float]] = {True: [], False: []}
-    for use_cache, _ in runs:
-        out, s = _timed(model, prompt_ids, n_new, use_cache)
+    for use_cache, n in runs:
+        out, s = _timed(model, prompt_ids, n, use_cache)
         gens[use_cache] = out
         seconds[use_cache].append(s)
         if bar is not None:
