@@ -8,6 +8,12 @@ The parameter counts are computed from the shapes by :func:`count_parameters` (e
 per-layer attention and MLP matrices and norms, final norm, and the output layer unless it
 is tied to the embedding); they equal the totals the model cards report (e.g. 6.74B for
 Llama-2-7B, 8.03B for Llama-3-8B, 70.6B for Llama-3-70B), which ``tests/cache/test_memory.py`` checks.
+
+Models with *multi-head latent attention* (DeepSeek-V2 and V3) cache no per-head keys and values
+but one latent vector per token and layer: they are :class:`MLAShape` entries of
+:data:`MLA_SHAPES`, apart from the Llama-style :data:`MODEL_SHAPES` (whose every entry is a
+:class:`kvlib.Config` that a :class:`kvlib.Decoder` can be built from). The size formula
+(:func:`kvlib.cache.kv_bytes_per_token`) takes either kind.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 
-__all__ = ["ModelShape", "MODEL_SHAPES", "count_parameters", "model_shape"]
+__all__ = ["ModelShape", "MODEL_SHAPES", "MLAShape", "MLA_SHAPES", "count_parameters", "model_shape"]
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,58 @@ MODEL_SHAPES: dict[str, ModelShape] = {
 }
 
 
-def model_shape(name: str) -> ModelShape:
-    """The entry of :data:`MODEL_SHAPES` called ``name`` (a clear error for an unknown one)."""
+@dataclass(frozen=True)
+class MLAShape:
+    """A published model with multi-head latent attention (DeepSeek-V2 and V3), its cache's shapes
+    as its ``config.json`` names them.
+
+    Per token and layer the cache holds one latent vector of ``kv_lora_rank`` numbers, from which
+    every head's keys and values are projected back up, and one key of ``qk_rope_head_dim``
+    numbers that carries the rotary position, shared by all heads: ``(kv_lora_rank +
+    qk_rope_head_dim) × n_layers`` numbers a token, whatever the number of heads. The heads
+    themselves attend with keys of ``qk_nope_head_dim + qk_rope_head_dim`` numbers and values of
+    ``v_head_dim``, what a cache of separate keys and values would hold (:attr:`head_numbers_per_token`).
+    ``n_params`` is the published total (a mixture of experts, not counted from these shapes).
+    """
+
+    name: str
+    n_layers: int
+    n_heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    max_context: int
+    n_params: int
+    source: str
+
+    @property
+    def latent_numbers_per_token(self) -> int:
+        """Numbers the cache keeps per token: the latent and the rotated key, in every layer."""
+        return (self.kv_lora_rank + self.qk_rope_head_dim) * self.n_layers
+
+    @property
+    def head_numbers_per_token(self) -> int:
+        """Numbers per token of the same heads' keys and values stored separately, in every layer."""
+        return self.n_layers * self.n_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+
+
+MLA_SHAPES: dict[str, MLAShape] = {
+    # https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
+    # (num_hidden_layers 61, num_attention_heads 128, kv_lora_rank 512, qk_rope_head_dim 64,
+    #  qk_nope_head_dim 128, v_head_dim 128, max_position_embeddings 163840); parameters: the
+    # technical report's 671B in total, 37B active per token (arXiv:2412.19437).
+    "DeepSeek-V3": MLAShape(
+        "DeepSeek-V3", n_layers=61, n_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, max_context=163_840, n_params=671_000_000_000,
+        source="https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"),
+}
+
+
+def model_shape(name: str) -> ModelShape | MLAShape:
+    """The entry of :data:`MODEL_SHAPES` or :data:`MLA_SHAPES` called ``name`` (a clear error for an
+    unknown one)."""
     try:
-        return MODEL_SHAPES[name]
+        return MODEL_SHAPES[name] if name in MODEL_SHAPES else MLA_SHAPES[name]
     except KeyError:
-        raise KeyError(f"no model shape {name!r}; known: {', '.join(MODEL_SHAPES)}") from None
+        raise KeyError(f"no model shape {name!r}; known: {', '.join([*MODEL_SHAPES, *MLA_SHAPES])}") from None

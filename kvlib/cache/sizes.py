@@ -5,6 +5,11 @@ Every layer keeps a key and a value for every token, in every key/value head, ea
 
     bytes = 2 (keys and values) × layers × kv heads × head dim × bytes per number × tokens × batch
 
+A model with multi-head latent attention (:class:`kvlib.cache.MLAShape`, DeepSeek-V2 and V3) keeps
+instead one latent vector and one rotated key per token and layer, whatever its heads:
+
+    bytes = (kv_lora_rank + qk_rope_head_dim) × layers × bytes per number × tokens × batch
+
 :func:`kv_cache_bytes` computes it; ``tests/cache/test_memory.py`` checks it against the buffers
 a real :class:`kvlib.KVCache` allocates (``KVCache.nbytes``).
 """
@@ -32,15 +37,20 @@ def kv_bytes_per_token(config, dtype: torch.dtype | int = torch.float32) -> int:
     """Bytes the cache adds for one token of one sequence: ``2 × layers × kv heads × head dim × bytes``.
 
     ``config`` is a :class:`kvlib.Config` or anything with ``n_layers``, ``n_kv_heads`` and
-    ``head_dim`` (e.g. a :class:`kvlib.cache.ModelShape`).
+    ``head_dim`` (e.g. a :class:`kvlib.cache.ModelShape`). For a model with multi-head latent
+    attention (anything with ``kv_lora_rank``, e.g. a :class:`kvlib.cache.MLAShape`), the latent
+    and the rotated key instead: ``(kv_lora_rank + qk_rope_head_dim) × layers × bytes``.
     """
+    if getattr(config, "kv_lora_rank", None) is not None:          # multi-head latent attention
+        return (config.kv_lora_rank + config.qk_rope_head_dim) * config.n_layers * bytes_per_number(dtype)
     return 2 * config.n_layers * config.n_kv_heads * config.head_dim * bytes_per_number(dtype)
 
 
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype | int = torch.float32) -> int:
     """Bytes of a KV cache holding ``seq_len`` tokens for each of ``batch`` sequences in ``dtype``:
 
-    ``2 (keys and values) × n_layers × n_kv_heads × head_dim × bytes per number × seq_len × batch``.
+    ``2 (keys and values) × n_layers × n_kv_heads × head_dim × bytes per number × seq_len × batch``
+    (:func:`kv_bytes_per_token` × ``seq_len × batch``, which also sizes a multi-head latent cache).
 
     Equals ``KVCache(config.n_layers, batch, config.n_kv_heads, seq_len, config.head_dim, dtype).nbytes``.
     ``dtype`` may also be a number of bytes (``1`` for int8 numbers, scales not included).

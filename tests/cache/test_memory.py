@@ -15,7 +15,7 @@ from kvlib import Config, Decoder, Int8KVCache, KVCache, SlidingWindowKVCache, k
 from kvlib.attention import banded_mask, causal_attention
 from kvlib.measure import peak_memory
 from kvlib.cache import bytes_per_number, crossover_tokens, kv_bytes_per_token, weight_bytes
-from kvlib.cache import MODEL_SHAPES, count_parameters, model_shape
+from kvlib.cache import MLA_SHAPES, MODEL_SHAPES, MLAShape, count_parameters, model_shape
 from kvlib.cache import (Occupancy, PagePool, RequestLengths, occupancy, pages_for, per_request_occupancy,
                           reserved_slots, sample_requests)
 from kvlib.cache import dequantize_int8, quantize_int8
@@ -82,6 +82,44 @@ def test_bytes_per_token_of_published_models():
     per_token = {n: kv_bytes_per_token(s, torch.float16) for n, s in MODEL_SHAPES.items()}
     assert per_token == {"SmolLM2-135M": 23_040, "Llama-2-7B": 524_288, "Llama-3-8B": 131_072,
                          "Mistral-7B": 131_072, "Llama-3-70B": 327_680}
+
+
+def test_multi_head_latent_attention_caches_the_latent_and_the_rotated_key():
+    """DeepSeek-V3 (config.json: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64): per token and
+    layer one latent of 512 numbers and one rotated key of 64, whatever its 128 heads."""
+    s = MLA_SHAPES["DeepSeek-V3"]
+    assert (s.n_layers, s.n_heads, s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim, s.v_head_dim) == \
+        (61, 128, 512, 64, 128, 128)
+    assert s.source == "https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json"
+    assert kv_bytes_per_token(s, torch.bfloat16) == (512 + 64) * 61 * 2 == 70_272
+    assert kv_bytes_per_token(s, torch.float32) == (512 + 64) * 61 * 4
+    assert kv_bytes_per_token(s, 1) == s.latent_numbers_per_token == 35_136
+    assert kv_cache_bytes(s, 4096, 8, torch.float16) == 70_272 * 4096 * 8
+    # the same heads as separate keys (128 + 64 numbers) and values (128): 71 times the latent
+    assert s.head_numbers_per_token * 2 == 61 * 128 * (128 + 64 + 128) * 2 == 4_997_120
+    assert round(s.head_numbers_per_token / s.latent_numbers_per_token) == 71
+    # half of Llama-3-8B's GQA cache per token, for a model eighty times its size
+    assert kv_bytes_per_token(s, torch.float16) < kv_bytes_per_token(MODEL_SHAPES["Llama-3-8B"], torch.float16)
+
+
+@settings(**SETTINGS)
+@given(layers=st.integers(1, 100), rank=st.integers(1, 1024), rope=st.integers(0, 128), nbytes=st.integers(1, 8),
+       tokens=st.integers(0, 5000), batch=st.integers(1, 16))
+def test_latent_formula_for_any_shape(layers, rank, rope, nbytes, tokens, batch):
+    s = MLAShape("x", n_layers=layers, n_heads=8, kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=16,
+                 v_head_dim=16, max_context=4096, n_params=1, source="")
+    assert kv_bytes_per_token(s, nbytes) == (rank + rope) * layers * nbytes
+    assert kv_cache_bytes(s, tokens, batch, nbytes) == (rank + rope) * layers * nbytes * tokens * batch
+
+
+def test_latent_shapes_are_apart_from_the_llama_style_ones():
+    """MODEL_SHAPES stays Llama-style (every entry a Config a Decoder is built from: the widgets and
+    the levers use them so); model_shape finds either kind."""
+    assert not set(MLA_SHAPES) & set(MODEL_SHAPES)
+    assert model_shape("DeepSeek-V3") is MLA_SHAPES["DeepSeek-V3"]
+    assert model_shape("Llama-3-8B") is MODEL_SHAPES["Llama-3-8B"]
+    with pytest.raises(KeyError, match="DeepSeek-V3"):
+        model_shape("GPT-5")
 
 
 @pytest.mark.parametrize("name", list(MODEL_SHAPES))
