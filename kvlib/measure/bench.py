@@ -38,7 +38,7 @@ from ..generate import generate
 from .hardware import machine_description, memory_bandwidth, weight_read_floor
 from .peer import first_difference
 from .goals import goals
-from .report import to_markdown
+from .report import goals_markdown, to_markdown
 
 
 @dataclass(frozen=True)
@@ -545,17 +545,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-formats", action="store_true",
                         help="also compile every other format (several minutes each)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
-                        help="folder for bench.json and bench.md (default: _build/bench)")
+                        help="folder for bench.json, bench.md and goals.md (default: _build/bench)")
     args = parser.parse_args(argv)
     result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile,
                  formats=not args.no_formats, peer=not args.no_peer, compile_formats=args.compile_formats,
                  batched=not args.no_batched)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = to_markdown(result)
+    md, goals_md = to_markdown(result), goals_markdown(result)
     (args.out / "bench.md").write_text(md)
+    (args.out / "goals.md").write_text(goals_md)
     print(md)
-    print(f"written: {args.out / 'bench.json'} and {args.out / 'bench.md'}", file=sys.stderr)
+    print(goals_md)
+    print(f"written: {args.out / 'bench.json'}, {args.out / 'bench.md'} and {args.out / 'goals.md'}", file=sys.stderr)
     return 0 if result["same_tokens"] else 1
 
 

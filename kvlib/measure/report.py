@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from .timing import fmt_seconds
 
-__all__ = ["to_markdown"]
+__all__ = ["to_markdown", "goals_markdown"]
 
 
 def to_markdown(result: dict) -> str:
-    """The results as a markdown table plus the facts needed to read it."""
+    """The results as a markdown table plus the facts needed to read it (``bench.md``, the appendix's page)."""
     sections = [_timings, _formats, _kernel_choice, _batched, _peer, _bandwidth, _ratios, _compile_note, _profile,
-                _profile_fast, _goals]
+                _profile_fast]
     lines = [line for section in sections for line in section(result)]
     return "\n".join(lines) + "\n"
+
+
+def goals_markdown(result: dict) -> str:
+    """The project's performance goals as this run measured them (``goals.md``: tracking, not the appendix)."""
+    m = result["machine"]
+    head = [f"Goals of one `python -m kvlib.bench` run on {m['cpu']} ({m.get('vector_extensions', 'unknown')}), "
+            f"{m['torch_threads']} threads, {result['date']}."]
+    return "\n".join(head + _goals(result)) + "\n"
 
 
 def _shown(value, spec=".1f") -> str:

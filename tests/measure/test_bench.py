@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvlib.measure.bench import Impl, _time_peer, best_peer_setting, to_markdown
+from kvlib.measure.report import goals_markdown
 from kvlib.measure.peer import first_difference, greedy_run, llama_cpp_missing
 from kvlib.measure.hardware import machine_description, memory_bandwidth
 
@@ -331,9 +332,12 @@ def test_markdown_report_with_quality_batched_and_goals():
     assert "| kvlib, float32 | 10.0 | 150.0 |" in md and "| llama.cpp | 60.0 | – |" in md
     assert "30.0 ms per step unprofiled, of which 20.0 ms in 5000 PyTorch operator calls (60 % of it" in md
     assert "| `aten::_weight_int4pack_mm_for_cpu` | 120 | 9.50 |" in md
-    assert "| prefill, kvlib's fastest / llama.cpp | 2.00× | 1.91× | no |  |  |" in md
-    assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in md
-    assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in md
+    goals_md = goals_markdown(result)                    # the goals go to goals.md, not to the appendix's page
+    assert "| prefill, kvlib's fastest / llama.cpp | 2.00× | 1.91× | no |  |  |" in goals_md
+    assert "| float32 eager decode, share of its weight-read floor | 90 % | not measured | – |" in goals_md
+    assert "| a new process's first compiled step | ≤ 15.0 s | 16.4 s | no | 1.4 s |  |" in goals_md
+    assert "Goals of one `python -m kvlib.bench` run on Test CPU (AVX2), 2 threads" in goals_md
+    assert "performance goals" not in md
     assert "output layer **int8 (PyTorch's kernel)** (a decode step with each: tied 2.75 ms, int8 1.40 ms;" in md
     assert "4-bit layers: **PyTorch's int4 kernel at every batch size measured** (" in md
     assert "as it rounds the embedding again); 4-bit" in md          # no rows measured for the int8 layer: no clause
@@ -383,3 +387,17 @@ def test_the_appendix_and_section_8_quote_one_run():
             "kvlib, with cache, compiled, fast 4-bit"} <= names, names
     assert any(r["library"] == "llama.cpp" for r in run["rows"])
     assert run["machine"]["cpu"] in appendix.read_text()
+
+
+def test_the_appendix_avx2_run_is_the_report_of_its_json():
+    """The appendix's AVX2 run (emulated on an AVX-512 machine until a real AVX2 machine runs it):
+    chapters/benchmark/bench-avx2-emulated.md is what the report writes from the JSON beside it,
+    and the run says it ran with PyTorch lowered to AVX2."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "chapters" / "benchmark"
+    run = json.loads((folder / "bench-avx2-emulated.json").read_text())
+    assert to_markdown(run) == (folder / "bench-avx2-emulated.md").read_text(), (
+        "bench-avx2-emulated.md is not the report of bench-avx2-emulated.json: copy both files of one run")
+    assert run["machine"]["vector_extensions"].startswith("AVX2")
