@@ -23,7 +23,7 @@ __all__ = ["Case", "CheckFailed", "run_check"]
 # there (yet) is skipped.
 _SECTION_MODULES = ("one_token", "attention", "kv_cache", "quadratic_vs_linear", "real_model", "price_of_memory",
                     "batching", "batching_waste", "quantization", "quantization_flip", "reuse",
-                    "speculative")
+                    "speculative", "levers")
 
 
 def _section_modules():

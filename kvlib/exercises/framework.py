@@ -159,6 +159,9 @@ def _same(expected, got, atol: float) -> bool:
     if isinstance(expected, (tuple, list)):
         return (isinstance(got, (tuple, list)) and len(got) == len(expected)
                 and all(_same(e, g, atol) for e, g in zip(expected, got)))
+    numbers = (int, float)
+    if isinstance(expected, float) and isinstance(got, numbers) and not isinstance(got, bool):
+        return abs(got - expected) <= atol or (expected != expected and got != got)      # NaN matches NaN
     return got == expected
 
 

@@ -14,7 +14,14 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from .framework import CheckFailed, check_choice, check_prediction, describe, student_answer
+from .framework import CheckFailed, check_choice, check_prediction, describe, refuse_library_answer, student_answer
+
+
+def _library_keys() -> dict[str, Callable]:
+    """kvlib's own block keys: the checks refuse them (they compute the answers)."""
+    from ..serve import blocks
+
+    return {"block_keys": blocks.block_keys, "chain_key": blocks.chain_key}
 
 __all__ = ["check_second_turn_reuse", "check_block_keys", "check_shared_prompt_tokens", "check_ttft_explanation",
            "TTFT_CHOICES", "REUSE_TURN"]
@@ -127,6 +134,7 @@ def check_block_keys(fn: Callable[[list[int], int], list]) -> None:
     exercise = "Exercise 9.2"
     if not callable(fn):
         raise CheckFailed(f"{exercise}: expected a function, got {type(fn).__name__}")
+    refuse_library_answer(exercise, fn, _library_keys())
     rng = random.Random(9)
     for block_size in (1, 4, 16):
         why = _block_key_problems(fn, rng, block_size)
@@ -140,22 +148,25 @@ def check_block_keys(fn: Callable[[list[int], int], list]) -> None:
 # Exercise 9.3: many users, one system prompt
 # ---------------------------------------------------------------------------------------
 
-def check_shared_prompt_tokens(fn: Any, counted: int, *, system_tokens: int, users: int) -> None:
+def check_shared_prompt_tokens(fn: Any, counted: int, *, system_tokens: int, users: int, block_size: int = 16) -> None:
     """Exercise 9.3: ``fn()`` predicts the prompt tokens the engine computes for the stream with
-    reuse; ``counted`` is what the run counted (``report.prefill_tokens``, the same on every machine)."""
+    reuse and blocks of ``block_size``; ``counted`` is what the run counted (``report.prefill_tokens``,
+    the same on every machine)."""
     exercise = "Exercise 9.3"
+    if callable(fn):
+        refuse_library_answer(exercise, fn, _library_keys())
     predicted = student_answer(exercise, fn, "your prediction (a number of tokens)")
     check_prediction(exercise, predicted, counted, rel_tol=0.05, what="the prompt tokens computed with reuse",
                      why=f"the first user computes the whole prompt; each of the other {users - 1} shares the "
-                         f"system prompt's whole blocks of 16 ({system_tokens} tokens: {system_tokens // 16} blocks) "
-                         f"and computes only the rest of its prompt, from the first block that is not all system "
-                         f"prompt.")
+                         f"system prompt's whole blocks of {block_size} ({system_tokens} tokens: "
+                         f"{system_tokens // block_size} blocks) and computes only the rest of its prompt, from the "
+                         f"first block that is not all system prompt.")
 
 
 TTFT_CHOICES = {
-    "a": (True, "every forward pass reads all the weights, whatever the number of tokens it computes: a prefill of "
-                "a few dozen tokens costs little less than one of a few hundred when reading the weights, not the "
-                "arithmetic, sets the time. Reuse removes arithmetic, not that read."),
+    "a": (True, "every forward pass reads all the weights and scores the last token against the whole vocabulary, "
+                "whatever the number of tokens it computes: a prefill of a few dozen tokens still pays that whole "
+                "fixed part, so its time falls by less than its tokens. Reuse removes arithmetic, not that read."),
     "b": (False, "a cached block is not copied back: it stays in the pool, and the new tokens read it through the "
                  "block table like any other block."),
     "c": (False, "the keys are a few hashes per request, microseconds: nothing next to a forward pass."),
@@ -165,5 +176,6 @@ TTFT_CHOICES = {
 
 
 def check_ttft_explanation(fn: Any) -> None:
-    """Exercise 9.3: the letter of the reason the time to first token falls by less than the tokens computed."""
+    """Exercise 9.3: the letter of the reason the seven users' first token comes sooner by less than their
+    prompt tokens fall."""
     check_choice("Exercise 9.3", student_answer("Exercise 9.3", fn, "the letter of your choice"), TTFT_CHOICES)

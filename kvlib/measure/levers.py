@@ -66,7 +66,7 @@ WEIGHT_BITS = bits_per_weight(4, 32, scale_bits=16, zero_bits=16)          # 5.0
 
 
 def cache_bits(shape: ModelShape) -> float:
-    """Bits per cached number of the 8-bit cache of section 6 (:class:`kvlib.cache.QuantizedKVCache`):
+    """Bits per cached number of the 8-bit cache of section 6 (:class:`kvlib.cache.Int8KVCache`):
     an int8 number plus its share of the float32 scale kept for each vector of ``head_dim`` numbers."""
     return bits_per_weight(8, shape.head_dim, scale_bits=32)
 
@@ -79,8 +79,12 @@ class Scenario:
     (or the name of one of :data:`REFERENCE_ACCELERATORS`), whose ``memory_bytes`` holds the
     weights and the caches; ``users`` sequences decoding at once, each at ``context`` tokens, of
     which the first ``shared_prefix`` are a system prompt every user shares; speculative decoding
-    drafts ``drafts`` tokens per step, each accepted with chance ``alpha`` (an assumption, as
-    for prompt lookup in section 10). Bad values raise a ``ValueError`` saying what to change.
+    drafts ``drafts`` tokens per step, each accepted with chance ``alpha`` (an assumption: a draft
+    model's kind of figure; prompt lookup accepts in all-or-nothing runs, section 10).
+    ``shared_read_once``: from prefix reuse on, a step reads the shared prefix's cache once for the
+    whole batch, as cascade attention (vLLM) and FlashInfer's shared-prefix kernels do, instead of
+    once per row (the default, what kvlib's engine and a plain paged kernel do). Bad values raise a
+    ``ValueError`` saying what to change.
     """
 
     model: str
@@ -90,6 +94,7 @@ class Scenario:
     shared_prefix: int = 0
     alpha: float = 0.7
     drafts: int = 4
+    shared_read_once: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_SHAPES:
@@ -162,9 +167,10 @@ def _row(s: Scenario, index: int) -> LeverRow:
     room = machine.memory_bytes - weights - shared * per_token
     fit = max(0, math.floor(room / own))
     batch = min(s.users, fit)
-    step = dict(weight_bytes=weights, flops_per_token=float(step_flops(shape.config, s.context + drafts,
-                                                                       drafts + 1).total),
-                cache_bytes_per_row=(s.context + drafts) * per_token,    # every row reads its whole cache
+    once = shared if s.shared_read_once else 0                          # read once a step, not once a row
+    step = dict(weight_bytes=weights + once * per_token,
+                flops_per_token=float(step_flops(shape.config, s.context + drafts, drafts + 1).total),
+                cache_bytes_per_row=(s.context - once + drafts) * per_token,   # every row reads its (whole) cache
                 flops_per_s=machine.flops_per_s, bytes_per_s=machine.bytes_per_s)
     return LeverRow(lever=LEVERS[index], weight_bits=w_bits, cache_bits=bits, kv_heads=cfg.n_kv_heads,
                     weight_bytes=weights, shared_bytes=shared * per_token, cache_bytes_per_user=own, fit=fit,
@@ -179,7 +185,8 @@ def levers(scenario: Scenario) -> list[LeverRow]:
     from prefix reuse on) and each user's own cache; ``fit`` is the whole users that fit in what
     is left (0: not even one; then ``batch`` is 0 and the step ``None``). The step: the roofline
     of :func:`kvlib.measure.roofline.decode_step_seconds` for ``batch`` rows, each reading its
-    whole cache (prefix reuse saves memory, not reading) and, with speculative decoding, verifying
+    whole cache (prefix reuse saves memory, not reading, unless ``shared_read_once``) and, with
+    speculative decoding, verifying
     ``drafts + 1`` tokens; tokens per step with drafts: :func:`kvlib.measure.speculation.tokens_per_step`.
     """
     if not isinstance(scenario, Scenario):

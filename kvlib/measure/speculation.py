@@ -34,8 +34,9 @@ def predicted_speedup(alpha: float, k: int, plain: float, verify: float, draft: 
 
 @torch.no_grad()
 def step_seconds(model: torch.nn.Module, prompt: Sequence[int], tokens_in: int, repeats: int = 7) -> float:
-    """Median seconds of one step of ``model`` feeding ``tokens_in`` tokens after ``prompt`` in its cache
-    (the cache is rolled back after each, so every step sees the same context)."""
+    """Median seconds of one step of ``model`` feeding ``tokens_in`` tokens after ``prompt`` in its cache,
+    as a verify step runs it: the logits of every fed position (each one's next token is checked),
+    not only the last's. The cache is rolled back after each, so every step sees the same context."""
     device = next(model.parameters()).device
     cache = KVCache.for_model(model, max_len=len(prompt) + tokens_in)
     model(torch.tensor([list(prompt)], device=device), cache)
@@ -43,7 +44,7 @@ def step_seconds(model: torch.nn.Module, prompt: Sequence[int], tokens_in: int, 
     times = []
     for _ in range(repeats + 1):                          # the first is a warm-up
         with Stopwatch(device) as watch:
-            model(feed, cache, last_only=True)
+            model(feed, cache)
         cache.truncate(len(prompt))
         times.append(watch.seconds)
     return statistics.median(times[1:])

@@ -16,11 +16,15 @@ from ..measure.levers import ROOFLINE_SECTIONS, Scenario, fmt_gb, levers, scenar
 from ..measure.roofline import REFERENCE_ACCELERATORS
 from .html import widget_box
 
-__all__ = ["LEVER_USERS", "LEVER_CONTEXTS", "SHARED_PREFIX", "render_levers_view", "levers_widget"]
+__all__ = ["LEVER_USERS", "LEVER_CONTEXTS", "SHARED_PREFIX", "ALPHAS", "DRAFTS", "PREFIXES", "render_levers_view",
+           "levers_widget", "assumptions_widget"]
 
 LEVER_USERS = (1, 8, 32, 128)
 LEVER_CONTEXTS = (2048, 8192, 32768)
 SHARED_PREFIX = 1024                     # a system prompt of 1,024 tokens, the same for every user
+ALPHAS = (0.3, 0.5, 0.7, 0.9)            # the assumptions widget's acceptances, drafts and shared prefixes
+DRAFTS = (2, 4, 8)
+PREFIXES = (0, 1024, 4096)
 
 _CELL = ('<th>lever (section)</th><th>weights</th><th>cache per user</th><th>users that fit</th><th>batch</th>'
          '<th>step</th><th>tok/s per user</th><th>tok/s in all</th><th>bound</th>')
@@ -79,7 +83,12 @@ def levers_widget(models: Sequence[str] | None = None, machines: Sequence[str] |
     levels = [(controls[3], contexts, i0[3]), (controls[2], users, i0[2]), (controls[1], machines, i0[1]),
               (controls[0], models, i0[0])]
     extra = dict(shared_prefix=shared_prefix, alpha=alpha, drafts=drafts)
-    top, views, links = _stacks(widgets, levels, extra)
+
+    def view(chosen: tuple) -> tuple[tuple, str]:
+        context, users_, machine, model = chosen
+        return (model, machine, users_, context), render_levers_view(Scenario(model, machine, users_, context, **extra))
+
+    top, views, links = _stacks(widgets, levels, view)
     box = widget_box([*controls[:2], _labelled(widgets, "users", controls[2]), controls[3], top],
                      f"levers_widget({len(models)} models × {len(machines)} machines × {len(users)} user counts "
                      f"× {len(contexts)} contexts = {len(views)} views)", links)
@@ -109,24 +118,58 @@ def _labelled(widgets, text: str, control):
                                       layout=widgets.Layout(width="98px")), control])
 
 
-def _stacks(widgets, levels: list[tuple], extra: dict) -> tuple:
+def _stacks(widgets, levels: list[tuple], view) -> tuple:
     """Every view in ``Stack`` widgets nested in the order of ``levels`` ((control, values,
-    selected index), outermost first), each stack ``jslink``-ed to its control. Returns the
-    outermost stack, the views by (model, machine, users, context), and the links."""
+    selected index), outermost first), each stack ``jslink``-ed to its control; ``view(chosen)``,
+    with ``chosen`` a value of every level in that order, returns ``(key, html)``. Returns the
+    outermost stack, the views by key, and the links."""
     links, views = [], {}
     leaf_layout, leaf_style = widgets.Layout(), widgets.widget_string.HTMLStyle()   # shared: a smaller page
     row = widgets.Layout(width="auto")
 
     def build(depth: int, chosen: tuple):
         if depth == len(levels):
-            context, users, machine, model = chosen
-            view = widgets.HTML(render_levers_view(Scenario(model, machine, users, context, **extra)),
-                                layout=leaf_layout, style=leaf_style)
-            views[(model, machine, users, context)] = view
-            return view
+            key, text = view(chosen)
+            views[key] = leaf = widgets.HTML(text, layout=leaf_layout, style=leaf_style)
+            return leaf
         control, values, selected = levels[depth]
         stack = widgets.Stack([build(depth + 1, chosen + (v,)) for v in values], selected_index=selected, layout=row)
         links.append(widgets.jslink((control, "index"), (stack, "selected_index")))
         return stack
 
     return build(0, ()), views, links
+
+
+def assumptions_widget(model: str = "Llama-3-8B", machine: str = "NVIDIA H100 SXM", users: int = 32,
+                       context: int = 8192, *, alphas: Sequence[float] = ALPHAS, drafts: Sequence[int] = DRAFTS,
+                       prefixes: Sequence[int] = PREFIXES, start: tuple[float, int, int] = (0.7, 4, 1024)):
+    """The levers of one scenario under the assumptions a reader moves: the acceptance α (a slider),
+    the drafts per step k and the shared prefix (buttons), every combination drawn in advance
+    (:func:`render_levers_view`). Returns an ``ipywidgets.VBox``; ``box.views`` maps ``(alpha,
+    drafts, shared prefix)`` to its view."""
+    import ipywidgets as widgets
+
+    alphas, drafts, prefixes = list(alphas), list(drafts), list(prefixes)
+    try:
+        i0 = (alphas.index(start[0]), drafts.index(start[1]), prefixes.index(start[2]))
+    except ValueError:
+        raise ValueError(f"start={start!r} is not one of the widget's choices") from None
+    label = {"description_width": "90px"}
+    alpha = widgets.SelectionSlider(options=[(f"{a:g}", i) for i, a in enumerate(alphas)], index=i0[0],
+                                    description="acceptance α", style=label, layout=widgets.Layout(width="360px"))
+    k = widgets.ToggleButtons(options=[(str(d), i) for i, d in enumerate(drafts)], index=i0[1],
+                              style={"button_width": "50px"})
+    prefix = widgets.ToggleButtons(options=[(f"{p:,}", i) for i, p in enumerate(prefixes)], index=i0[2],
+                                   style={"button_width": "60px"})
+
+    def view(chosen: tuple) -> tuple[tuple, str]:
+        a, d, p = chosen
+        return (a, d, p), render_levers_view(Scenario(model, machine, users, context, p, a, d))
+
+    levels = [(alpha, alphas, i0[0]), (k, drafts, i0[1]), (prefix, prefixes, i0[2])]
+    top, views, links = _stacks(widgets, levels, view)
+    box = widget_box([alpha, _labelled(widgets, "drafts k", k), _labelled(widgets, "shared prefix", prefix), top],
+                     f"assumptions_widget({len(alphas)} acceptances × {len(drafts)} drafts × {len(prefixes)} "
+                     f"shared prefixes = {len(views)} views)", links)
+    box.stack, box.views, box.alpha, box.drafts, box.prefix = top, views, alpha, k, prefix
+    return box

@@ -8,6 +8,7 @@ from kvlib.exercises import CheckFailed
 from kvlib.exercises.reuse import (TTFT_CHOICES, check_block_keys, check_second_turn_reuse,
                                    check_shared_prompt_tokens, check_ttft_explanation)
 from kvlib.serve import block_keys as kvlib_block_keys
+from kvlib.serve.blocks import chain_key
 
 
 def chained(tokens, block_size):
@@ -25,10 +26,17 @@ def stub(*args):
 def test_the_references_pass(capsys):
     check_second_turn_reuse(lambda: 64)
     check_block_keys(chained)
-    check_block_keys(kvlib_block_keys)
-    check_shared_prompt_tokens(lambda: 1000, 1000, system_tokens=190, users=8)
+    check_shared_prompt_tokens(lambda: 1000, 1000, system_tokens=190, users=8, block_size=32)
     check_ttft_explanation(lambda: "a")
-    assert capsys.readouterr().out.count("✓") == 5
+    assert capsys.readouterr().out.count("✓") == 4
+
+
+def test_kvlibs_own_block_keys_are_refused():
+    """9.2 asks for what kvlib.serve.block_keys computes: calling it (or chain_key) passes nothing."""
+    for fn in (kvlib_block_keys, lambda t, b: kvlib_block_keys(t, b),
+               lambda t, b: [chain_key(b"", t[:b])] * (len(t) // b)):
+        with pytest.raises(CheckFailed, match="kvlib's `(block_keys|chain_key)`"):
+            check_block_keys(fn)
 
 
 @pytest.mark.parametrize("answer, message", [

@@ -128,3 +128,21 @@ def test_a_machine_of_the_wrong_kind_and_a_scenario_of_the_wrong_kind():
         Scenario("Llama-3-8B", 80e9, 1, 1024)
     with pytest.raises(TypeError, match="levers\\(\\) takes a Scenario"):
         levers(("Llama-3-8B", H100, 1, 1024))
+
+
+def test_reading_the_shared_prefix_once_shortens_only_the_rows_that_share_it():
+    """Cascade attention's assumption: from prefix reuse on, the shared prefix's cache is read once a
+    step, not once a row. Rows (a)-(d) are the same; (e) and (f) no slower, and faster with many users;
+    without a shared prefix nothing changes."""
+    import dataclasses
+
+    from kvlib.measure.levers import Scenario, levers
+
+    s = Scenario("Llama-3-8B", "NVIDIA H100 SXM", users=32, context=8192, shared_prefix=1024)
+    rows, once = levers(s), levers(dataclasses.replace(s, shared_read_once=True))
+    assert [r.step_seconds for r in rows[:4]] == [r.step_seconds for r in once[:4]]
+    assert all(o.step_seconds < r.step_seconds for r, o in zip(rows[4:], once[4:]))
+    assert all(o.fit == r.fit and o.cache_bytes_per_user == r.cache_bytes_per_user for r, o in zip(rows, once))
+    plain = dataclasses.replace(s, shared_prefix=0)
+    same = zip(levers(plain), levers(dataclasses.replace(plain, shared_read_once=True)))
+    assert all(a.step_seconds == b.step_seconds for a, b in same)

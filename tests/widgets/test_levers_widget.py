@@ -104,3 +104,18 @@ def test_a_start_outside_the_choices_is_refused():
         levers_widget(["Llama-3-8B"], ["NVIDIA H100 SXM"], start=("Llama-3-8B", "NVIDIA H100 SXM", 3, 8192))
     with pytest.raises(ValueError, match="at least one model"):
         levers_widget([], ["NVIDIA H100 SXM"])
+
+
+def test_the_assumptions_widget_holds_every_combination_computed():
+    """Section 11's second widget: α, k and the shared prefix moved by the reader, every view the
+    table kvlib computes for that scenario, linked to its controls."""
+    from kvlib.measure.levers import Scenario
+    from kvlib.widgets.levers import ALPHAS, DRAFTS, PREFIXES, assumptions_widget, render_levers_view
+
+    box = assumptions_widget()
+    assert len(box.views) == len(ALPHAS) * len(DRAFTS) * len(PREFIXES)
+    for (a, d, p), view in list(box.views.items())[::7]:
+        assert view.value == render_levers_view(Scenario("Llama-3-8B", "NVIDIA H100 SXM", 32, 8192, p, a, d))
+    assert (box.alpha.index, box.drafts.index, box.prefix.index) == (ALPHAS.index(0.7), DRAFTS.index(4), PREFIXES.index(1024))
+    with pytest.raises(ValueError, match="not one of the widget's choices"):
+        assumptions_widget(start=(0.65, 4, 1024))
