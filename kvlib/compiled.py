@@ -39,9 +39,8 @@ from .paths import cache_dir
 # Inductor's options for the step. emulate_precision_casts: round in bfloat16 where eager does
 # (see above). size_asserts off: the generated code would check the sizes and strides of each of
 # the step's hundreds of inputs and outputs again, in Python, at every call, after dynamo's guards
-# have checked the inputs. No C++ wrapper by default: it saves a fraction of a millisecond to a
-# millisecond a step but makes the first compile longer (tens of seconds on a 2-core CPU, more for
-# a bigger graph), which a learner's first compiled cell pays; ask for it with cpp_wrapper=True.
+# have checked the inputs. Other Inductor options (the fast path's C++ wrapper, kvlib.fast) are
+# passed by the caller of compiled_decode_step.
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "size_asserts": False}
 
 
@@ -138,20 +137,19 @@ class CompiledDecodeStep:
     ``compile_seconds``: how long the first call took (tracing, and compiling or loading the
     compiled code from :func:`compile_cache_dir`); ``None`` before it. With ``announce = True``
     the first call prints a line before it starts and its seconds when it ends
-    (``generate(..., compile=True, progress=True)`` sets it). ``cpp_wrapper``: the generated
-    code calls its kernels from C++ (Inductor's ``cpp_wrapper``) rather than from Python.
+    (``generate(..., compile=True, progress=True)`` sets it). ``options``: Inductor options on top
+    of :data:`COMPILE_OPTIONS` (the fast path asks for its C++ wrapper, :mod:`kvlib.fast`).
     """
 
-    def __init__(self, model: torch.nn.Module, cpp_wrapper: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, options: dict | None = None) -> None:
         self.model = model
-        self.cpp_wrapper = cpp_wrapper
+        self.options = dict(options or {})
         self.compile_seconds: float | None = None
         self.announce = False
         compile_cache_dir()
         _weights_are_static(model)
         # dynamic=True: one compiled graph serves every position, cache length and batch size.
-        options = {**COMPILE_OPTIONS, "cpp_wrapper": True} if cpp_wrapper else COMPILE_OPTIONS
-        self._fn = torch.compile(_decode_one_token, dynamic=True, options=options)
+        self._fn = torch.compile(_decode_one_token, dynamic=True, options={**COMPILE_OPTIONS, **self.options})
 
     def __call__(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != 1:
@@ -179,23 +177,22 @@ class CompiledDecodeStep:
         return logits
 
 
-def compiled_decode_step(model: torch.nn.Module, *, cpp_wrapper: bool | None = None) -> CompiledDecodeStep:
+def compiled_decode_step(model: torch.nn.Module, *, options: dict | None = None) -> CompiledDecodeStep:
     """The compiled one-token step for ``model``, made once per model and then reused.
 
-    It is kept on the model itself, so it goes away with the model. ``cpp_wrapper=True`` makes
-    it with Inductor's C++ wrapper (a shorter step, a longer first compile; the benchmark's
-    fastest path uses it), ``False`` with its Python one; ``None`` (what ``generate`` passes)
-    takes the step already made, or makes one with the Python wrapper. Asking for the other
-    wrapper than the model's step already has raises a ``ValueError``.
+    It is kept on the model itself, so it goes away with the model. ``options``: Inductor options
+    on top of :data:`COMPILE_OPTIONS` for the step made now; ``None`` (what ``generate`` passes)
+    takes the step already made, or makes one with none. Asking for other options than the
+    model's step already has raises a ``ValueError``.
     """
     step = model.__dict__.get("_compiled_decode_step")
     if step is None:
         missing = compiler_missing(model.device)
         if missing:
             raise RuntimeError(missing)
-        step = model.__dict__["_compiled_decode_step"] = CompiledDecodeStep(model, bool(cpp_wrapper))
-    elif cpp_wrapper is not None and cpp_wrapper != step.cpp_wrapper:
-        raise ValueError(f"this model's compiled step was made with cpp_wrapper={step.cpp_wrapper}; a model "
-                         f"keeps one compiled step: ask for cpp_wrapper={cpp_wrapper} before its first compiled call, "
-                         "or on a model loaded again")
+        step = model.__dict__["_compiled_decode_step"] = CompiledDecodeStep(model, options)
+    elif options is not None and dict(options) != step.options:
+        raise ValueError(f"this model's compiled step was made with options {step.options}; a model keeps one "
+                         f"compiled step: ask for {dict(options)} before its first compiled call, or on a model "
+                         "loaded again")
     return step

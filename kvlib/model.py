@@ -32,34 +32,6 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def tied_logits(x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-    """The tied output layer: ``x`` ``(batch, k, d_model)`` times the embedding ``(vocab, d_model)``,
-    transposed, giving logits ``(batch, k, vocab)``.
-
-    A single bfloat16 row without gradients (a decode step of one sequence, in a bfloat16 model)
-    goes through ``torch.mv`` (:func:`matvec`): PyTorch's CPU kernel for a one-row bfloat16 matrix
-    product is slower than its matrix-vector product, which computes the same dot products,
-    accumulated in float32 (the logits agree to bfloat16 rounding; ``tests/test_generate.py``).
-    Everything else is ``F.linear``.
-    """
-    if x.dtype == torch.bfloat16 and x.shape[0] * x.shape[1] == 1 and not torch.is_grad_enabled():
-        return matvec(embedding, x.reshape(-1)).reshape(1, 1, -1)          # (vocab,) -> (1, 1, vocab)
-    return F.linear(x, embedding)
-
-
-@torch.library.custom_op("kvlib::matvec", mutates_args=())
-def matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
-    """``torch.mv(matrix, vector)``, kept whole under ``torch.compile``, which would otherwise write
-    it out as products and a sum, and fuse the norm before it into every one of its rows.
-    (No gradient formula: :func:`tied_logits` uses it only where none is asked for.)"""
-    return torch.mv(matrix, vector)
-
-
-@matvec.register_fake
-def _(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
-    return matrix.new_empty(matrix.shape[0])                               # (rows,)
-
-
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
@@ -191,7 +163,7 @@ class Decoder(nn.Module):
             x = x[:, last:][:, :1]
         if self.lm_head is not None:
             return self.lm_head(self.norm(x))
-        return tied_logits(self.norm(x), self.embed.weight)        # tied input/output embedding
+        return F.linear(self.norm(x), self.embed.weight)           # tied: the input embedding, transposed
 
     def check_input(self, ids: torch.Tensor, cache: KVCache | None = None,
                     n_tokens: Sequence[int] | None = None) -> None:

@@ -226,30 +226,32 @@ def test_only_the_cache_and_the_batch_are_symbols(monkeypatch):
 
 
 def test_the_tied_layers_matrix_vector_product_stays_one_kernel():
-    """Compiled, the one-row tied output layer stays PyTorch's matrix-vector kernel (kvlib::matvec):
+    """Compiled, the fast path's one-row tied output layer stays PyTorch's matrix-vector kernel (kvlib::matvec):
     Inductor would otherwise write torch.mv out as products and a sum and fuse the final norm
     into each of the vocabulary's rows (a compiled 4-bit step went from 12 to 26 ms that way)."""
     from torch._inductor.utils import run_and_get_code
 
     from kvlib.compiled import COMPILE_OPTIONS
-    from kvlib.model import RMSNorm, tied_logits
+    from kvlib.fast import TiedHead
+    from kvlib.model import RMSNorm
 
     norm = RMSNorm(64, 1e-5).to(torch.bfloat16)
-    embedding = torch.randn(300, 64).to(torch.bfloat16)
+    head = TiedHead(torch.nn.Embedding.from_pretrained(torch.randn(300, 64).to(torch.bfloat16)))
     x = torch.randn(1, 1, 64).to(torch.bfloat16)
     with torch.no_grad():
-        step = torch.compile(lambda x: tied_logits(norm(x + 1), embedding), options=COMPILE_OPTIONS)
+        step = torch.compile(lambda x: head(norm(x + 1)), options=COMPILE_OPTIONS)
         logits, code = run_and_get_code(step, x)
-        torch.testing.assert_close(logits, tied_logits(norm(x + 1), embedding), rtol=2 ** -7, atol=0.05)
+        torch.testing.assert_close(logits, head(norm(x + 1)), rtol=2 ** -7, atol=0.05)
     assert "torch.ops.kvlib.matvec.default(" in "".join(code), "the matrix-vector product was written out by Inductor"
 
 
 def test_the_cpp_wrapper_step_writes_eagers_tokens():
-    """``cpp_wrapper=True`` (the benchmark's fastest path) generates a C++ wrapper around the same
+    """The fast path's C++ wrapper (``kvlib.fast.compile_fast_step``, the benchmark's fastest path) generates one around the same
     kernels: the 4-bit model's tokens are eager's and its logits within a bfloat16 step. A model
     keeps one compiled step, so asking it for the other wrapper afterwards is an error."""
     from torch._inductor.utils import run_and_get_code
 
+    from kvlib.fast import CPP_WRAPPER, compile_fast_step
     from kvlib.quant import quantize
 
     torch.manual_seed(1)
@@ -257,14 +259,14 @@ def test_the_cpp_wrapper_step_writes_eagers_tokens():
     fresh = quantize(Decoder(cfg).eval(), "int4", group_size=32)
     prompt = [3, 14, 15, 9, 26, 5, 35]
     eager = generate(fresh, prompt, 12, keep_logits=True)
-    step = compiled_decode_step(fresh, cpp_wrapper=True)
+    step = compile_fast_step(fresh)
     compiled, code = run_and_get_code(lambda: generate(fresh, prompt, 12, keep_logits=True, compile=True))
-    assert step.cpp_wrapper and compiled_decode_step(fresh) is step
+    assert step.options == CPP_WRAPPER and compiled_decode_step(fresh) is step
     assert "inductor_entry_impl" in "".join(code), "the generated step has no C++ wrapper"
     assert compiled.tokens == eager.tokens
     assert _bf16_steps(compiled.logits, eager.logits) <= 1
-    with pytest.raises(ValueError, match="cpp_wrapper=True"):
-        compiled_decode_step(fresh, cpp_wrapper=False)
+    with pytest.raises(ValueError, match="cpp_wrapper"):
+        compiled_decode_step(fresh, options={})
 
 
 @pytest.mark.skipif(kernels_missing() is not None, reason="kvlib's CPU kernels cannot be built here")

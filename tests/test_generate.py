@@ -141,29 +141,3 @@ def test_rms_norm_is_its_formula_bit_for_bit(rows, width, scale, dtype, seed):
     normalised = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
     expected = norm.weight * normalised.to(dtype) if dtype == torch.bfloat16 else normalised * norm.weight
     assert torch.equal(norm(x), expected)
-
-
-@settings(max_examples=25, deadline=None)
-@given(batch=st.integers(1, 3), k=st.integers(1, 3), width=st.sampled_from([8, 64, 576]),
-       vocab=st.sampled_from([5, 300, 4099]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       seed=st.integers(0, 10_000))
-def test_tied_logits_are_the_transposed_embedding_product(batch, k, width, vocab, dtype, seed):
-    """The tied output layer: a single bfloat16 row goes through torch.mv, and must give
-    F.linear's logits to bfloat16 rounding (both accumulate in float32); every other shape and
-    dtype is F.linear itself, to the bit. Checked against the product computed in float64."""
-    from kvlib.model import tied_logits
-
-    g = torch.Generator().manual_seed(seed)
-    embedding = torch.randn(vocab, width, generator=g).to(dtype)
-    x = torch.randn(batch, k, width, generator=g).to(dtype)
-    with torch.no_grad():                     # a decode step: the one-row path needs no gradients
-        logits = tied_logits(x, embedding)
-    assert logits.shape == (batch, k, vocab) and logits.dtype == dtype
-    exact = x.double() @ embedding.double().T                               # (batch, k, vocab)
-    step = exact.abs().amax().item() * 2 ** -7 + 1e-6                      # one bfloat16 step of the largest logit
-    assert (logits.double() - exact).abs().max().item() <= step
-    if dtype == torch.bfloat16 and batch * k == 1:
-        torch.testing.assert_close(logits.float(), torch.nn.functional.linear(x, embedding).float(), rtol=2 ** -7,
-                                   atol=step)
-    else:
-        assert torch.equal(logits, torch.nn.functional.linear(x, embedding))

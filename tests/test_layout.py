@@ -20,10 +20,11 @@ from kvlib.checks import non_negative_int, optional_positive_int, positive_int
 ROOT = Path(__file__).resolve().parent.parent / "kvlib"
 MODULES = sorted(p for p in ROOT.rglob("*.py"))
 # What a learner reads: the decoder at the top and the subjects it is built from. None of it imports
-# the apparatus (measuring, widgets, exercises). `kvlib.bench` is the benchmark's entry point.
+# the apparatus (measuring, widgets, exercises) or the benchmark's wing: `kvlib.fast` (the fast
+# path's speed knobs) and `kvlib.bench` (the benchmark), on top of everything.
 LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
-          "clock.py", "device.py", "paths.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "fast", "smollm2", "data"]
-APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises")
+          "clock.py", "device.py", "paths.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "smollm2", "data"]
+APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises", "kvlib.fast", "kvlib.bench")
 # The layers, lowest first: a unit may import its own layer and those below, never one above.
 LAYERS = [
     {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.paths", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data"},
@@ -31,9 +32,10 @@ LAYERS = [
     {"kvlib.cache"},
     {"kvlib.model", "kvlib.compiled"},
     {"kvlib.generate"},
-    {"kvlib.quant", "kvlib.fast", "kvlib.serve", "kvlib.smollm2", "kvlib.speculative"},
+    {"kvlib.quant", "kvlib.serve", "kvlib.smollm2", "kvlib.speculative"},
     {"kvlib.measure"},
-    {"kvlib.widgets", "kvlib.exercises", "kvlib.bench"},
+    {"kvlib.widgets", "kvlib.exercises", "kvlib.fast"},
+    {"kvlib.bench"},                                 # the benchmark's wing, on top of everything
     {"kvlib"},
 ]
 MAX_FUNCTION_LINES = 60

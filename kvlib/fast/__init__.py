@@ -14,18 +14,30 @@ from ..model import Decoder
 from .blocks import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
+from .heads import TiedHead
 from .switch import KernelSwitch
 
-__all__ = ["fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
-           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear"]
+CPP_WRAPPER = {"cpp_wrapper": True}      # Inductor calls the compiled step's kernels from C++, not Python
+
+__all__ = ["CPP_WRAPPER", "compile_fast_step", "fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
+           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear", "TiedHead"]
 
 
 def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:
     """The fast path of a native 4-bit :class:`kvlib.Decoder`: :func:`fuse`'d, with the kernels
     this machine measured fastest (:func:`kernel_choice`, measured once and kept; or ``choice``).
     Compile its decode step with ``generate(..., compile=True)``; calling
-    ``kvlib.compiled.compiled_decode_step(fast, cpp_wrapper=True)`` before that makes the step
-    call its kernels from C++ (shorter steps, a longer first compile: the benchmark does it).
+    :func:`compile_fast_step` before that makes the step call its kernels from C++ (shorter steps,
+    a longer first compile: the benchmark does it).
     ``model`` is left as it was."""
     out = fuse(model)
     return apply_choice(out, choice or kernel_choice(out))
+
+
+def compile_fast_step(model: Decoder):
+    """``model``'s compiled decode step made with Inductor's C++ wrapper (:data:`CPP_WRAPPER`): a
+    shorter step than the Python wrapper's, a longer first compile. Call it before the model's first
+    compiled call (``generate(..., compile=True)`` then uses it)."""
+    from ..compiled import compiled_decode_step
+
+    return compiled_decode_step(model, options=CPP_WRAPPER)

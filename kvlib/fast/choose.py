@@ -46,6 +46,7 @@ from ..paths import cache_dir
 from ..quant.linear import Int4Linear, Int8Linear
 from . import kernels
 from .blocks import Q4_1Linear, Q8_0Linear
+from .heads import TiedHead
 from .switch import KernelSwitch
 
 __all__ = ["KernelChoice", "OUTPUT_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "dense_candidates",
@@ -95,11 +96,11 @@ def layer_candidates(layers: Sequence[Int4Linear]) -> dict[str, list[nn.Module]]
     return out
 
 
-def output_candidates(model: nn.Module) -> dict[str, nn.Module | None]:
-    """The output layers: the tied embedding (``None``), per-row int8, and Q8_0 blocks where kvlib's
-    kernels can be built here."""
+def output_candidates(model: nn.Module) -> dict[str, nn.Module]:
+    """The output layers: the tied embedding (:class:`~kvlib.fast.heads.TiedHead`), per-row int8, and
+    Q8_0 blocks where kvlib's kernels can be built here."""
     weight = model.embed.weight.detach().float()
-    out: dict[str, nn.Module | None] = {"tied": None, "int8": Int8Linear.from_weight(weight)}
+    out: dict[str, nn.Module] = {"tied": TiedHead(model.embed), "int8": Int8Linear.from_weight(weight)}
     if kernels.kernels_missing() is None:
         out["q8_0"] = Q8_0Linear(weight)
     return out
@@ -122,7 +123,7 @@ def measure_kernels(model: nn.Module, batch_sizes: Sequence[int] = BATCH_SIZES, 
     layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
     weights = [layer.dequantized() for layer in layers]                       # float32 (out, in) each, once
     layers_ms = dense_against_kernels(layer_candidates(layers), weights, batch_sizes, timer)
-    packed_heads = {name: [head] for name, head in heads.items() if head is not None}
+    packed_heads = {name: [head] for name, head in heads.items() if name != "tied"}
     output_rows_ms = dense_against_kernels(packed_heads, [model.embed.weight.detach().float()],
                                            [b for b in batch_sizes if b > 1], timer)
     return output_ms, layers_ms, output_rows_ms
@@ -157,9 +158,9 @@ def _dense_ms(weights: Sequence[torch.Tensor], xs: dict[int, torch.Tensor], dtyp
     return 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).float() for w in dense])
 
 
-def _decode_step_ms(model: nn.Module, head: nn.Module | None, timer: Timer) -> float:
-    """Milliseconds of one cached decode step of ``model`` with ``head`` as its output layer
-    (``None``: the tied embedding), after up to 63 tokens; ``model``'s own layer is put back."""
+def _decode_step_ms(model: nn.Module, head: nn.Module, timer: Timer) -> float:
+    """Milliseconds of one cached decode step of ``model`` with ``head`` as its output layer, after up
+    to 63 tokens; ``model``'s own layer is put back."""
     kept, model.lm_head = model.lm_head, head
     try:
         n = min(64, model.config.max_seq_len)
@@ -250,11 +251,14 @@ def apply_choice(model: nn.Module, choice: KernelChoice) -> nn.Module:
     if needs_ours and kernels.kernels_missing() is not None:
         raise RuntimeError(f"this choice runs kvlib's own kernels, which are not available here: "
                            f"{kernels.kernels_missing()}. Measure again: kernel_choice(model, refresh=True)")
-    heads = {"tied": lambda w: None, "int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}
-    if choice.output_layer not in heads:
-        raise ValueError(f"unknown output layer {choice.output_layer!r}: one of {sorted(heads)}")
-    head = heads[choice.output_layer](model.embed.weight.detach().float())
-    model.lm_head = head and _switch(head, choice.output_dense_from, choice.output_dense_kernel)
+    packed = {"int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}
+    if choice.output_layer == "tied":
+        model.lm_head = TiedHead(model.embed)
+    elif choice.output_layer in packed:
+        head = packed[choice.output_layer](model.embed.weight.detach().float())
+        model.lm_head = _switch(head, choice.output_dense_from, choice.output_dense_kernel)
+    else:
+        raise ValueError(f"unknown output layer {choice.output_layer!r}: one of {sorted(['tied', *packed])}")
     for parent in list(model.modules()):
         for name, layer in list(parent.named_children()):
             if isinstance(layer, Int4Linear):

@@ -136,8 +136,9 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     ``q = round-half-even(x · (127 / amax))`` (0 where a block is all zeros)."""
     blocks = x.float().reshape(x.shape[0], -1, BLOCK)
     amax = blocks.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return torch.round(blocks * inv[..., None]).to(torch.int8), amax / 127.0
+    # float32 divisions as the kernels do them (``127.0 / amax`` would multiply by a reciprocal instead)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    return torch.round(blocks * inv[..., None]).to(torch.int8), amax / torch.full_like(amax, 127.0)
 
 
 def reference_mm(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Measuring: time, arithmetic, memory, the machine itself, and prediction quality; the
-chapter's experiments built on them, and the benchmark command.
+chapter's experiments built on them. (The benchmark command, ``python -m kvlib.bench``, is a
+wing of its own on top of everything: :mod:`kvlib.bench`.)
 
 - :mod:`.timing`: timing a call, and printing measured figures in forms the notebook tests
   recognise (:func:`fmt_seconds`, :func:`fmt_ratio`, :func:`fmt_approx`);
@@ -8,7 +9,6 @@ chapter's experiments built on them, and the benchmark command.
 - :mod:`.hardware`: memory bandwidth, dense FLOP/s, the weight-read floor;
 - :mod:`.quality`: how far two sets of next-token predictions are apart;
 - :mod:`.experiments`: the chapter's experiments as functions;
-- :mod:`.bench`: ``python -m kvlib.bench``.
 
 Lesson code (the decoder, its cache, generation) never imports this package; it imports them.
 """

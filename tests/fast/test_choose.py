@@ -118,7 +118,7 @@ def test_output_layers_are_timed_in_a_whole_decode_step(native):
 
     measure_kernels(fast, batch_sizes=(1,), timer=timer)
     in_steps = {name for name, blocks in seen if blocks == [1]}             # one token through the model
-    assert in_steps == {"NoneType", "Int8Linear"} | ({"Q8_0Linear"} if OURS else set())
+    assert in_steps == {"TiedHead", "Int8Linear"} | ({"Q8_0Linear"} if OURS else set())
     assert fast.lm_head is None
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvlib.measure.bench import Impl, _time_peer, best_peer_setting, to_markdown
-from kvlib.measure.report import goals_markdown
-from kvlib.measure.peer import first_difference, greedy_run, llama_cpp_missing
+from kvlib.bench.run import Impl, _time_peer, best_peer_setting, to_markdown
+from kvlib.bench.report import goals_markdown
+from kvlib.bench.peer import first_difference, greedy_run, llama_cpp_missing
 from kvlib.measure.hardware import machine_description, memory_bandwidth
 
 
@@ -166,7 +166,7 @@ def test_greedy_run_refuses_what_it_cannot_do():
 
 
 def test_peer_row_from_fake_runs(monkeypatch):
-    import kvlib.measure.peer as peer
+    import kvlib.bench.peer as peer
 
     clock = Clock()
     monkeypatch.setattr(peer.time, "perf_counter", clock)
@@ -180,7 +180,7 @@ def test_peer_row_from_fake_runs(monkeypatch):
 def test_the_peer_is_compared_at_its_best_setting(monkeypatch):
     """llama.cpp is timed with flash attention off and on; its rows are the faster setting's,
     whichever it is, and the report says which and what each decode step took."""
-    import kvlib.measure.peer as peer
+    import kvlib.bench.peer as peer
 
     clock = Clock()
     monkeypatch.setattr(peer.time, "perf_counter", clock)
@@ -208,7 +208,7 @@ def test_the_extra_buffer_probe_reads_the_childs_exit(monkeypatch):
     and the probe runs once per file and thread count."""
     import subprocess
 
-    import kvlib.measure.peer as peer
+    import kvlib.bench.peer as peer
 
     calls = []
 
@@ -242,9 +242,9 @@ def test_missing_peer_says_how_to_add_it(monkeypatch):
 def test_goals_follow_the_measured_rows():
     """Each goal's value is computed from the rows; a missing peer or batch gives None, not a guess;
     an unmet goal says by how much and where its step's time goes."""
-    from kvlib.measure.batched import BatchedRow
-    from kvlib.measure.bench import Row
-    from kvlib.measure.goals import goals
+    from kvlib.bench.batched import BatchedRow
+    from kvlib.bench.run import Row
+    from kvlib.bench.goals import goals
 
     rows = [Row(Impl("kvlib", True), [1.0], 0.050, prefill_seconds=1.0),                          # 20 tok/s
             Row(Impl("kvlib", True, format="native 4-bit"), [1.0], 0.025, prefill_seconds=3.0),   # 2.0x float32
@@ -286,8 +286,8 @@ def test_goals_follow_the_measured_rows():
 
 
 def test_batched_rows_from_a_fake_peer_and_prompts():
-    from kvlib.measure.batched import batch_prompts, time_peer_batched
-    from kvlib.measure.peer import BatchedPeerRun
+    from kvlib.bench.batched import batch_prompts, time_peer_batched
+    from kvlib.bench.peer import BatchedPeerRun
 
     assert batch_prompts(list(range(10)), 3, prompt_len=3) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     with pytest.raises(ValueError, match="need 12 ids, the text has 10"):
@@ -352,7 +352,7 @@ def test_new_process_measurement_reads_the_childs_report(monkeypatch):
     compile phases (those under half a second left out, the rest longest first)."""
     import subprocess
 
-    from kvlib.measure import bench
+    from kvlib.bench import run as bench
 
     seen = {}
 
@@ -381,7 +381,7 @@ def test_the_appendix_and_section_8_quote_one_run():
     assert to_markdown(run) == appendix.read_text(), (
         "chapters/benchmark/bench.md is not the report of kvlib/data/bench.json: copy both files of one "
         "`python -m kvlib.bench` run (or, after changing the report, write bench.md again with "
-        "kvlib.measure.report.to_markdown(kvlib.data.reference_bench()))")
+        "kvlib.bench.report.to_markdown(kvlib.data.reference_bench()))")
     names = {r["name"] for r in run["rows"]}
     assert {"kvlib, with cache", "kvlib, with cache, compiled", "kvlib, with cache, native 4-bit",
             "kvlib, with cache, compiled, fast 4-bit"} <= names, names

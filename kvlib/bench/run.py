@@ -11,7 +11,7 @@ number of new tokens, it
    and ``False`` (greedy; warm-up first; several repeats; medians);
 3. times kvlib's other formats eager (bfloat16, every layer in int8, and the native 4-bit
    model that runs the file's own Q4_1 blocks), and llama.cpp on the same GGUF file when it
-   is installed (``make peer``; :mod:`kvlib.measure.peer`), prefill and decode alike;
+   is installed (``make peer``; :mod:`kvlib.bench.peer`), prefill and decode alike;
 4. checks that the float32 implementations produce the same tokens, and says where each
    other format's greedy tokens part from float32's (after a near-tie they may);
 5. prints a table of tokens/s, the ratios between them, and kvlib's share of the bandwidth
@@ -35,7 +35,7 @@ import torch
 
 from ..clock import Stopwatch
 from ..generate import generate
-from .hardware import machine_description, memory_bandwidth, weight_read_floor
+from ..measure.hardware import machine_description, memory_bandwidth, weight_read_floor
 from .peer import first_difference
 from .goals import goals
 from .report import goals_markdown, to_markdown
@@ -86,7 +86,7 @@ def _time_kvlib(model, prompt, n_new, use_cache, repeats, compile=False, format=
 
 
 def _time_peer(llm, prompt, n_new, repeats) -> Row:
-    """llama.cpp (:func:`kvlib.measure.peer.greedy_run`): warm-up, then ``repeats`` timed runs."""
+    """llama.cpp (:func:`kvlib.bench.peer.greedy_run`): warm-up, then ``repeats`` timed runs."""
     from .peer import greedy_run
 
     greedy_run(llm, prompt, 4)
@@ -163,7 +163,7 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10, compile:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from .flops import step_call
+    from ..measure.flops import step_call
 
     step = step_call(model, context_len, use_cache=True, compile=compile)
     for _ in range(3):
@@ -203,7 +203,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     ``quality_tokens`` tokens of the evaluation text; with ``compile``, the fast path compiled
     too. ``compile_formats``: also compile each other format (a minute or more each).
     ``peer``: also time llama.cpp on the same file, when it is installed. ``batched``: also
-    decode 1, 8 and 32 sequences together (:mod:`kvlib.measure.batched`).
+    decode 1, 8 and 32 sequences together (:mod:`kvlib.bench.batched`).
     """
     if threads:
         torch.set_num_threads(threads)
@@ -317,7 +317,8 @@ class _Run:
             self.format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
             if name == FAST and compile_fast and not compile_formats:
                 self.say(f"compiling (with Inductor's C++ wrapper) and timing kvlib, with cache, compiled, {name} ...")
-                compiled_decode_step(m, cpp_wrapper=True)
+                from ..fast import compile_fast_step
+                compile_fast_step(m)
                 self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, compile=True, format=name))
                 self.compile_seconds_fast = compiled_decode_step(m).compile_seconds
             if compile_formats:
@@ -340,7 +341,7 @@ class _Run:
     def measure_quality(self, quality_tokens: int) -> None:
         """Each held format's predictions against float32's over ``quality_tokens`` tokens of text."""
         from ..data import evaluation_text
-        from .quality import evaluate_many
+        from ..measure.quality import evaluate_many
 
         self.say(f"measuring each format's predictions against float32 over {quality_tokens} tokens of text ...")
         text_ids = self.tok.encode(evaluation_text())[:quality_tokens]

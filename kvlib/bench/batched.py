@@ -59,7 +59,7 @@ def time_kvlib_batched(name: str, model: torch.nn.Module, prompts: list[list[int
 
 def time_peer_batched(llm: Any, prompts: list[list[int]], n_new: int,
                       run: Callable[..., Any] | None = None) -> BatchedRow:
-    """llama.cpp's batch API (:func:`kvlib.measure.peer.batched_greedy_run`, or ``run``), warmed up first."""
+    """llama.cpp's batch API (:func:`kvlib.bench.peer.batched_greedy_run`, or ``run``), warmed up first."""
     from .peer import batched_greedy_run
 
     run = run or batched_greedy_run

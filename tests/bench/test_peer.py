@@ -15,7 +15,7 @@ def test_llama_cpp_reads_the_same_file_and_tokens_as_kvlib():
     either way), and most are its first choice."""
     from kvlib import load_smollm2, smollm2_path
     from kvlib.data import demo_prompt
-    from kvlib.measure.peer import greedy_run, open_llama_cpp
+    from kvlib.bench.peer import greedy_run, open_llama_cpp
 
     model, tokenizer = load_smollm2()
     prompt = demo_prompt(tokenizer)
@@ -37,7 +37,7 @@ def test_batched_llama_cpp_decodes_every_sequence_as_alone(flash_attn):
     batch give identical rows; every row's tokens are timed step by step."""
     from kvlib import load_smollm2, smollm2_path
     from kvlib.data import demo_prompt
-    from kvlib.measure.peer import batched_greedy_run, greedy_run, open_llama_cpp
+    from kvlib.bench.peer import batched_greedy_run, greedy_run, open_llama_cpp
 
     _, tokenizer = load_smollm2()
     prompt = demo_prompt(tokenizer)
@@ -59,7 +59,7 @@ def test_llama_cpp_without_its_extra_buffers_writes_the_same_first_tokens():
 
     from kvlib import load_smollm2, smollm2_path
     from kvlib.data import demo_prompt
-    from kvlib.measure.peer import extra_buffers_work, greedy_run, open_llama_cpp
+    from kvlib.bench.peer import extra_buffers_work, greedy_run, open_llama_cpp
 
     _, tokenizer = load_smollm2()
     prompt = demo_prompt(tokenizer)

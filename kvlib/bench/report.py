@@ -1,8 +1,8 @@
-"""The benchmark's report: :func:`to_markdown` turns what :func:`kvlib.measure.bench.run` measured
+"""The benchmark's report: :func:`to_markdown` turns what :func:`kvlib.bench.run.run` measured
 (a JSON-ready dict) into the tables and sentences of ``bench.md``, the book's appendix."""
 from __future__ import annotations
 
-from .timing import fmt_seconds
+from ..measure.timing import fmt_seconds
 
 __all__ = ["to_markdown", "goals_markdown"]
 
@@ -221,8 +221,8 @@ def _compile_note(result: dict) -> list[str]:
                  "compiled code. torch keeps compiled code on disk (kvlib's folder), so it is shorter when an "
                  "earlier run on the same machine compiled the same step."]
     if result.get("compile_seconds_fast") is not None:
-        lines[-1] += (" The fast 4-bit path's step is compiled with Inductor's C++ wrapper (`compiled_decode_step(model, "
-                      "cpp_wrapper=True)`: its kernels called from C++, not Python; a longer first compile); its first "
+        lines[-1] += (" The fast 4-bit path's step is compiled with Inductor's C++ wrapper (`kvlib.fast.compile_fast_step`"
+                      ": its kernels called from C++, not Python; a longer first compile); its first "
                       f"compiled call took {fmt_seconds(result['compile_seconds_fast'])}.")
     new = result.get("new_process")
     if new:

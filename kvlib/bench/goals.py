@@ -1,4 +1,4 @@
-"""The performance goals (issues 16 and 27), as one benchmark run measured them (:mod:`kvlib.measure.bench`).
+"""The performance goals (issues 16 and 27), as one benchmark run measured them (:mod:`kvlib.bench.run`).
 
 Each goal is a dict: ``goal``, ``target``, ``value`` (``None`` where the run could not measure
 it: no peer, no compiled step), ``met``, ``unit`` (``"x"`` a ratio, ``"%"`` a share, ``"s"``
