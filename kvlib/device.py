@@ -151,8 +151,9 @@ def describe_machine(device: str | torch.device | None = None) -> str:
     import datetime
 
     device = torch.device(device) if device is not None else default_device()
-    what = (f"{cpu_name()} ({vector_instructions()}), {torch.get_num_threads()} threads" if device.type == "cpu"
-            else describe_device(device))
+    threads = torch.get_num_threads()
+    what = (f"{cpu_name()} ({vector_instructions()}), {threads} thread{'' if threads == 1 else 's'}"
+            if device.type == "cpu" else describe_device(device))
     return f"This page's measurements: {what}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
 
 

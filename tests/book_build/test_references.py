@@ -37,7 +37,8 @@ def _markdown(path: Path) -> list[tuple[str, str]]:
     if path.suffix == ".md":
         return [(path.name, path.read_text(encoding="utf-8"))]
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    return [(f"{path.name}, cell {i}", "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
+    return [(f"{path.name}, cell {i}", "".join(c["source"]))
+            for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
 
 
 def test_every_entry_has_a_link():
