@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 from .cache import HalfKVCache, Int8KVCache, KVCache, LayerKVCache, SlidingWindowKVCache, kv_cache_bytes
 from .config import Config
 from .device import default_device, describe_machine
-from .generate import Generation, StepRecord, generate, sample
+from .generate import Generation, StepRecord, generate, generate_batch, sample
 from .model import Decoder
-from .serve import generate_batch
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come from __getattr__
     from .cache import MODEL_SHAPES

@@ -47,9 +47,11 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
-def median_seconds(fn, device: torch.device | str | None = None, repeats: int = 30, warmup: int = 5,
+def median_seconds(fn, device: torch.device | str | None = None, repeats: int = 3, warmup: int = 1,
                    budget_s: float | None = None) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` unmeasured ones, each
+    """The one median timer of the package (measurements, notebooks, the fast path's kernel choice).
+
+    Median seconds of ``fn()`` over ``repeats`` calls after ``warmup`` unmeasured ones, each
     timed by a :class:`Stopwatch` that waits for ``device``'s queued work at both ends. With
     ``budget_s``, a slow ``fn`` is called fewer times: as many as fit in ``budget_s`` by the last
     warm-up call's time, at least 3 and at most ``repeats``."""

@@ -2,13 +2,13 @@
 
 Small pieces, after gpt-fast: :func:`sample` picks the next token from logits (a pure
 function), :func:`check_prompts` says what is wrong with a prompt, and one loop,
-:func:`decode`, runs the steps (the prefill, then one token per row at a time) and keeps a
-record of each. :func:`generate` (one prompt) and :func:`kvlib.generate_batch` (several) are
-that loop with one row or many.
+:func:`decode`, runs the steps (the prefill, then a *step* at a time: one token per row for a
+:class:`PlainStep`, a few for :mod:`kvlib.speculative`'s) and keeps a record of each, with one
+stop rule (:func:`finished`). :func:`generate` (one prompt) and :func:`generate_batch` (several)
+are that loop with one row or many.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -139,62 +139,120 @@ def padded(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.T
 StepFn = Callable[[torch.Tensor, KVCache], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Sampler:
+    """How a step chooses a token from logits (:func:`sample`): greedy at ``temperature`` 0."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    generator: torch.Generator | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return sample(logits, self.temperature, self.top_k, self.generator)
+
+
+@dataclass
+class Written:
+    """What one step wrote: per row its new tokens (one for a plain step) and the logits each was
+    chosen from ``(n, vocab)``; the tokens it fed through the model; and, for a speculative step,
+    how many tokens it drafted, which, and how many the model accepted."""
+
+    tokens: list[list[int]]
+    logits: list[torch.Tensor]
+    tokens_in: int
+    drafted: int = 0
+    accepted: int = 0
+    draft: tuple[int, ...] = ()
+
+
+class PlainStep:
+    """A step of plain decoding: one token per row, chosen from the logits after the row's last token
+    (with the cache: the step feeds that token alone; ``step_fn(ids, cache)`` runs it, e.g. compiled)
+    or after its whole text (without: every step feeds every row's text again)."""
+
+    def __init__(self, model: torch.nn.Module, sampler: Sampler, *, use_cache: bool = True,
+                 step_fn: StepFn | None = None) -> None:
+        self.model, self.sampler, self.use_cache, self.step_fn = model, sampler, use_cache, step_fn
+
+    def __call__(self, texts: list[list[int]], cache: KVCache | None, room: int) -> Written:
+        device = next(self.model.parameters()).device
+        if self.use_cache:
+            feed, n_tokens = torch.tensor([[t[-1]] for t in texts], device=device), None      # (batch, 1)
+        else:
+            feed, n_tokens = padded(texts, device)
+        if self.use_cache and self.step_fn is not None:
+            logits = self.step_fn(feed, cache)[:, -1]                                           # (batch, vocab)
+        else:
+            logits = self.model(feed, cache, last_only=True, n_tokens=n_tokens)[:, -1]
+        return _one_each(logits, self.sampler, feed.numel())
+
+
+def _one_each(logits: torch.Tensor, sampler: Sampler, tokens_in: int) -> Written:
+    """One token per row, chosen from ``logits`` ``(batch, vocab)``."""
+    chosen = sampler(logits).tolist()
+    return Written([[t] for t in chosen], [row[None] for row in logits], tokens_in)
+
+
+def finished(output: Sequence[int], max_new_tokens: int, stop_token: int | None) -> bool:
+    """The one stop rule: ``max_new_tokens`` written, or the last one is ``stop_token`` (kept)."""
+    return len(output) >= max_new_tokens or (stop_token is not None and bool(output) and output[-1] == stop_token)
+
+
 @torch.no_grad()
 def decode(model: torch.nn.Module, rows: list[list[int]], max_new_tokens: int, *, use_cache: bool = True,
-           cache: KVCache | None = None, temperature: float = 0.0, top_k: int | None = None,
-           generator: torch.Generator | None = None, stop_token: int | None = None, progress: str | None = None,
-           keep_logits: bool = False, step_fn: StepFn | None = None) -> list[Generation]:
+           cache: KVCache | None = None, sampler: Sampler = Sampler(), stop_token: int | None = None,
+           progress: str | None = None, keep_logits: bool = False, step=None) -> list[Generation]:
     """The one generation loop: continue every row of ``rows`` (checked prompts) together.
 
     With the cache the first step runs every prompt (the *prefill*, right-padded to the longest,
-    each row at its own length) and each later step feeds one token per row; without it every
-    step feeds every row's whole text again. A row that has stopped (``stop_token``) keeps its
-    place until every row has (a static batch). ``step_fn(ids, cache)`` runs a one-token step
-    (default: the model itself); ``progress`` is the label of a tqdm bar.
-    """
-    device = next(model.parameters()).device
+    each row at its own length), and each later step is ``step(texts, cache, room)``, which writes
+    the next tokens of every row (:class:`Written`): by default a :class:`PlainStep`, one token per
+    row; a speculative step (:mod:`kvlib.speculative`) writes up to ``room + 1``. Without the cache
+    every step is a plain one over every row's whole text. A row ends by :func:`finished`; a row
+    that has ended keeps its place until every row has (a static batch). ``progress``: the label
+    of a tqdm bar."""
     if use_cache:
         cache = cache or KVCache.for_model(model, batch=len(rows), max_len=max(map(len, rows)) + max_new_tokens)
         cache.reset()
-    texts = [list(r) for r in rows]                      # each row's prompt and new tokens so far
-    out = [Generation() for _ in rows]
+    step = step or PlainStep(model, sampler, use_cache=use_cache)
+    texts, out = [list(r) for r in rows], [Generation() for _ in rows]
     kept: list[list[torch.Tensor]] = [[] for _ in rows]
     records: list[StepRecord] = []
-    running = [True] * len(rows)
-    feed, n_tokens = padded(texts, device)
     bar = _bar(progress, max_new_tokens)
-    for step in range(max_new_tokens):
-        with Stopwatch(device) as watch:
-            if use_cache and step > 0 and step_fn is not None:
-                logits = step_fn(feed, cache)[:, -1]                                        # (batch, vocab)
-            elif use_cache and step == 0:
-                logits = prefill(model, feed, cache, n_tokens)
+    while max_new_tokens and not all(finished(g, max_new_tokens, stop_token) for g in out):
+        running = sum(not finished(g, max_new_tokens, stop_token) for g in out)
+        context = max(map(len, texts))
+        with Stopwatch(next(model.parameters()).device) as watch:
+            if use_cache and not records:                           # the prefill: every prompt at once
+                ids, n_tokens = padded(texts, cache.device)
+                written = _one_each(prefill(model, ids, cache, n_tokens), sampler, ids.numel())
             else:
-                logits = model(feed, cache if use_cache else None, last_only=True, n_tokens=n_tokens)[:, -1]
-            chosen = sample(logits, temperature, top_k, generator)                          # (batch,)
-        records.append(StepRecord(step, context_len=max(map(len, texts)), tokens_in=feed.numel(),
-                                  seconds=watch.seconds, batch=sum(running)))
-        for row, token in enumerate(chosen.tolist()):
-            texts[row].append(token)
-            if running[row]:
-                out[row].append(token)
-                if keep_logits:
-                    kept[row].append(logits[row].float().cpu())
-                running[row] = token != stop_token
+                written = step(texts, cache, max_new_tokens - min(len(g) for g in out) - 1)
+        records.append(StepRecord(len(records), context, written.tokens_in, watch.seconds, running,
+                                  written.drafted, written.accepted, written.draft))
+        for row, gen in enumerate(out):
+            _take(gen, texts[row], kept[row], written, row, max_new_tokens, stop_token, keep_logits)
         if bar is not None:
-            bar.update()
-        if not any(running):
-            break
-        # With the cache only the new token goes in; without it, the whole text again.
-        feed, n_tokens = (chosen[:, None], None) if use_cache else padded(texts, device)
+            bar.update(len(written.tokens[0]))
     if bar is not None:
         bar.close()
-    vocab = model.config.vocab_size
     for gen, rows_logits in zip(out, kept):
         gen.records = records
         if keep_logits:
-            gen.logits = torch.stack(rows_logits) if rows_logits else torch.empty(0, vocab)
+            gen.logits = torch.cat(rows_logits) if rows_logits else torch.empty(0, model.config.vocab_size)
     return out
+
+
+def _take(gen: Generation, text: list[int], kept: list[torch.Tensor], written: Written, row: int,
+          max_new_tokens: int, stop_token: int | None, keep_logits: bool) -> None:
+    """A row's share of a step: every token goes into its text (the next step feeds it); those
+    written before the row :func:`finished` go into its output (and their logits, if kept)."""
+    for i, token in enumerate(written.tokens[row]):
+        text.append(token)
+        if not finished(gen, max_new_tokens, stop_token):
+            gen.append(token)
+            if keep_logits:
+                kept.append(written.logits[row][i:i + 1].float().cpu())
 
 
 def prefill(model: torch.nn.Module, ids: torch.Tensor, cache: KVCache, n_tokens: list[int] | None) -> torch.Tensor:
@@ -209,11 +267,17 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor, cache: KVCache, n_tokens:
     return torch.cat(logits)
 
 
-def compiled_step(model: torch.nn.Module, compile: bool, use_cache: bool) -> StepFn | None:
-    """The ``step_fn`` of :func:`decode` for ``compile=``: the compiled one-token step, or ``None``."""
+def plain_step(model: torch.nn.Module, sampler: Sampler, *, compile: bool = False, use_cache: bool = True,
+               announce: bool = False) -> PlainStep:
+    """The :class:`PlainStep` of :func:`generate` and :func:`generate_batch`: with ``compile=True`` its
+    one-token steps run compiled (:func:`kvlib.compiled.compiled_decode_step`; ``announce``: its
+    first call says so, and how long it took)."""
     if compile and not use_cache:
         raise ValueError("compile=True speeds up the one-token steps of cached decoding; use it with use_cache=True")
-    return compiled_decode_step(model) if compile else None
+    step_fn = compiled_decode_step(model) if compile else None
+    if step_fn is not None and announce:
+        step_fn.announce = True
+    return PlainStep(model, sampler, use_cache=use_cache, step_fn=step_fn)
 
 
 def _bar(label: str | None, total: int):
@@ -223,20 +287,11 @@ def _bar(label: str | None, total: int):
     return tqdm(total=total, desc=label, unit="tok")
 
 
-def deprecated_records(return_records: bool, keep_logits: bool, where: str) -> bool:
-    """``return_records=True`` (kvlib 0.1) asked for the detailed result, which is now always
-    returned: warn once, and keep the logits it used to include."""
-    if return_records:
-        warnings.warn(f"{where}(return_records=True) is deprecated: the result always carries .records; "
-                      "pass keep_logits=True for .logits", DeprecationWarning, stacklevel=3)
-    return keep_logits or bool(return_records)
-
-
 def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, max_new_tokens: int, *,
              use_cache: bool = True, temperature: float = 0.0, top_k: int | None = None,
              generator: torch.Generator | None = None, stop_token: int | None = None,
              progress: bool = False, keep_logits: bool = False, cache: KVCache | None = None,
-             compile: bool = False, return_records: bool = False) -> Generation:
+             compile: bool = False) -> Generation:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens.
 
     Returns a :class:`Generation`: the new token ids (a ``list[int]``), one :class:`StepRecord`
@@ -258,18 +313,45 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     """
     non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k)
-    keep_logits = deprecated_records(return_records, keep_logits, "generate")
     if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 1:
         raise ValueError(f"prompt_ids must be 1-D (one sequence), got shape {tuple(prompt_ids.shape)}")
     cfg = model.config
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
     if not use_cache and cache is not None:
         raise ValueError("a cache was given but use_cache=False")
-    step_fn = compiled_step(model, compile, use_cache)
-    if step_fn is not None and progress:
-        step_fn.announce = True
+    sampler = Sampler(temperature, top_k, generator)
+    step = plain_step(model, sampler, compile=compile, use_cache=use_cache, announce=progress)
     label = ("with cache" if use_cache else "without cache") if progress else None
-    (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, temperature=temperature,
-                    top_k=top_k, generator=generator, stop_token=stop_token, progress=label,
-                    keep_logits=keep_logits, step_fn=step_fn)
+    (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, sampler=sampler,
+                    stop_token=stop_token, progress=label, keep_logits=keep_logits, step=step)
     return gen
+
+
+def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                   stop_token: int | None = None, temperature: float = 0.0, top_k: int | None = None,
+                   generator: torch.Generator | None = None, progress: bool = False, use_cache: bool = True,
+                   cache: KVCache | None = None, keep_logits: bool = False, compile: bool = False) -> list[Generation]:
+    """Continue every prompt of ``prompts`` (token-id lists of any lengths) together, one batch.
+
+    Returns one :class:`Generation` per prompt, in order (the new ids, a ``list[int]``), each
+    ending at its own ``stop_token`` (included) or after ``max_new_tokens``; they share
+    ``.records`` (one per step of the batch) and, with ``keep_logits=True``, each has its own
+    ``.logits``. ``cache`` may be any cache class built for ``len(prompts)`` rows
+    (``Int8KVCache.for_model(model, batch=...)``, a sliding window, ...); it is reset first.
+
+    Prompts of different lengths go into one batch padded on the right; the cache knows each
+    row's own length (:attr:`kvlib.KVCache.lengths`), so every row's tokens sit at their own
+    positions, its padding is never attended to, and each row computes what it would alone, up
+    to the rounding of kernels that see another number of rows. A row that has stopped keeps its
+    place until every row has (a static batch). ``compile=True`` runs the one-token steps compiled,
+    as in :func:`generate`. This is :func:`generate`'s loop, :func:`decode`, with one row per prompt.
+    """
+    non_negative_int("max_new_tokens", max_new_tokens)
+    check_sampling(temperature, top_k)
+    cfg = model.config
+    rows = check_prompts(prompts, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
+    sampler = Sampler(temperature, top_k, generator)
+    step = plain_step(model, sampler, compile=compile, use_cache=use_cache)
+    label = f"batch of {len(rows)}" if progress else None
+    return decode(model, rows, max_new_tokens, use_cache=use_cache, cache=cache, sampler=sampler,
+                  stop_token=stop_token, progress=label, keep_logits=keep_logits, step=step)

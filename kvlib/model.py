@@ -217,3 +217,10 @@ class Decoder(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def weight_bytes(self) -> int:
+        """The bytes of the weights as the model holds them: its parameters, and the buffers that
+        quantized layers keep their weights in (RoPE's tables aside, which are no weights). What a
+        step reads, and what the roofline counts, whatever the format."""
+        return (sum(p.numel() * p.element_size() for p in self.parameters())
+                + sum(b.numel() * b.element_size() for name, b in self.named_buffers() if not name.startswith("rope.")))

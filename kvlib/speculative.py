@@ -23,10 +23,9 @@ import torch
 
 from .cache.base import KVCache
 from .checks import non_negative_int, positive_int
-from .clock import Stopwatch
-from .generate import Generation, StepRecord, check_prompt, check_sampling, probabilities, sample
+from .generate import Generation, Sampler, Written, check_prompt, check_sampling, decode, probabilities
 
-__all__ = ["generate", "lookup_draft", "accept", "DRAFTS"]
+__all__ = ["generate", "lookup_draft", "accept", "Drafter", "SpeculativeStep", "DRAFTS"]
 
 DRAFTS = ("prompt_lookup",)
 
@@ -69,13 +68,12 @@ def accept(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, generator
     return out + [int(last.argmax()) if greedy else int(torch.multinomial(last, 1, generator=generator))]
 
 
-class _Drafter:
+class Drafter:
     """Proposes drafts: by prompt lookup, or with a draft model that keeps a cache of its own."""
 
-    def __init__(self, draft, target: torch.nn.Module, prompt: list[int], k: int, ngram: int, max_len: int,
-                 temperature: float, top_k: int | None, generator: torch.Generator | None) -> None:
+    def __init__(self, draft, k: int, ngram: int, max_len: int, sampler: Sampler) -> None:
         self.model = None if isinstance(draft, str) else draft
-        self.k, self.ngram, self.temperature, self.top_k, self.generator = k, ngram, temperature, top_k, generator
+        self.k, self.ngram, self.sampler = k, ngram, sampler
         if self.model is not None:
             self.cache = KVCache.for_model(self.model, max_len=max_len)
             self.cache_len = 0                                      # tokens of the sequence in the draft's cache
@@ -97,8 +95,8 @@ class _Drafter:
         for _ in range(k):
             logits = self.model(torch.tensor([feed], device=self.model.device), self.cache, last_only=True)[0, -1]
             dist = self._distribution(logits)
-            token = int(dist.argmax()) if self.temperature == 0 else int(torch.multinomial(dist, 1,
-                                                                                           generator=self.generator))
+            token = int(dist.argmax()) if self.sampler.temperature == 0 else int(
+                torch.multinomial(dist, 1, generator=self.sampler.generator))
             drafts.append(token)
             dists.append(dist)
             feed = [token]
@@ -106,14 +104,36 @@ class _Drafter:
         return drafts, torch.stack(dists) if dists else torch.empty(0)
 
     def _distribution(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.temperature == 0:
+        if self.sampler.temperature == 0:
             return logits.float().cpu()
-        return probabilities(logits, self.temperature, self.top_k).cpu()
+        return probabilities(logits, self.sampler.temperature, self.sampler.top_k).cpu()
 
     def rolled_back(self, kept: int) -> None:
         """The model kept ``kept`` tokens of the sequence: the draft cache may keep no more."""
         if self.model is not None:
             self.cache_len = min(self.cache_len, kept)
+
+
+class SpeculativeStep:
+    """A step of :func:`kvlib.generate.decode` for one sequence: draft, verify in one forward pass,
+    keep the accepted drafts and the model's own token, roll the cache back past the rest."""
+
+    def __init__(self, model: torch.nn.Module, drafter: Drafter, sampler: Sampler) -> None:
+        self.model, self.drafter, self.sampler = model, drafter, sampler
+
+    def __call__(self, texts: list[list[int]], cache: KVCache, room: int) -> Written:
+        (tokens,) = texts                                           # one sequence
+        drafts, q = self.drafter.propose(tokens, room)
+        held = cache.pos                                            # every token but the last is in the cache
+        feed = torch.tensor([tokens[held:] + drafts], device=cache.device)
+        logits = self.model(feed, cache)[0, -len(drafts) - 1:]      # (drafts + 1, vocab): after each prefix
+        greedy = self.sampler.temperature == 0
+        p = logits.float().cpu() if greedy else probabilities(logits, self.sampler.temperature,
+                                                               self.sampler.top_k).cpu()
+        kept = accept(drafts, p, q, self.sampler.generator, greedy)
+        cache.truncate(held + len(kept))                            # the last kept token is fed next step
+        self.drafter.rolled_back(len(tokens) + len(kept) - 1)
+        return Written([kept], [logits[:len(kept)]], feed.shape[1], len(drafts), len(kept) - 1, tuple(drafts))
 
 
 def _check_draft(draft, model: torch.nn.Module) -> None:
@@ -132,16 +152,18 @@ def _check_draft(draft, model: torch.nn.Module) -> None:
                          f"{next(model.parameters()).device}: put both on one device")
 
 
-@torch.no_grad()
 def generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int, *, draft="prompt_lookup", k: int = 4,
              ngram: int = 3, temperature: float = 0.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, stop_token: int | None = None) -> Generation:
+             generator: torch.Generator | None = None, stop_token: int | None = None,
+             keep_logits: bool = False) -> Generation:
     """Continue ``prompt_ids`` by up to ``max_new_tokens`` tokens, speculatively (see the module's
     docstring). ``draft``: ``"prompt_lookup"`` (``ngram`` tokens matched) or a draft model (another
     :class:`kvlib.Decoder`, or the same weights in another format, of the same vocabulary and on
-    the same device); ``k`` drafts at most per step. Returns what :func:`kvlib.generate` returns,
-    a :class:`kvlib.Generation`, whose records (one per verify step) also say how many tokens were
-    drafted and how many accepted. Stops after ``stop_token`` (included)."""
+    the same device); ``k`` drafts at most per step. This is :func:`kvlib.generate`'s loop
+    (:func:`kvlib.generate.decode`: the same prefill, stop rule and records) with a
+    :class:`SpeculativeStep`; it returns a :class:`kvlib.Generation`, whose records (one per verify
+    step) also say how many tokens were drafted and how many accepted. Stops after ``stop_token``
+    (included)."""
     non_negative_int("max_new_tokens", max_new_tokens)
     positive_int("k", k)
     positive_int("ngram", ngram)
@@ -149,61 +171,8 @@ def generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int, *, draft="
     _check_draft(draft, model)
     cfg = model.config
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
-    run = _Run(model, prompt, max_new_tokens, temperature, top_k, generator, stop_token)
-    run.drafter = _Drafter(draft, model, prompt, k, ngram, len(prompt) + max_new_tokens, temperature, top_k,
-                           generator)
-    return run.to_end()
-
-
-class _Run:
-    """One speculative generation: the model's cache, the tokens so far, the records."""
-
-    def __init__(self, model, prompt, max_new, temperature, top_k, generator, stop_token) -> None:
-        self.model, self.max_new, self.temperature, self.top_k = model, max_new, temperature, top_k
-        self.generator, self.stop = generator, stop_token
-        self.tokens, self.new, self.records = list(prompt), Generation(), []
-        self.cache = KVCache.for_model(model, max_len=len(prompt) + max_new)   # drafts never reach past the end
-        self.device = next(model.parameters()).device
-
-    def to_end(self) -> Generation:
-        if self.max_new:
-            with Stopwatch(self.device) as watch:                   # the prefill: the first token
-                logits = self.model(torch.tensor([self.tokens], device=self.device), self.cache, last_only=True)
-                first = int(sample(logits[0, -1], self.temperature, self.top_k, self.generator))
-            self.records.append(StepRecord(0, len(self.tokens), len(self.tokens), watch.seconds))
-            self.keep([first])
-        while len(self.new) < self.max_new and not self.stopped():
-            self.step()
-        self.new.records = self.records
-        return self.new
-
-    def stopped(self) -> bool:
-        return self.stop is not None and bool(self.new) and self.new[-1] == self.stop
-
-    def step(self) -> None:
-        """Draft, verify in one forward pass, keep the accepted tokens, roll the cache back."""
-        with Stopwatch(self.device) as watch:
-            drafts, q = self.drafter.propose(self.tokens, self.max_new - len(self.new) - 1)
-            held = self.cache.pos                                    # every token but the last is in the cache
-            feed = torch.tensor([self.tokens[held:] + drafts], device=self.device)
-            logits = self.model(feed, self.cache)[0, -len(drafts) - 1:]      # (drafts + 1, vocab)
-            greedy = self.temperature == 0
-            p = logits.float().cpu() if greedy else probabilities(logits, self.temperature, self.top_k).cpu()
-            kept = accept(drafts, p, q, self.generator, greedy)
-            self.cache.truncate(held + len(kept))                   # the last kept token is fed next step
-        self.records.append(StepRecord(len(self.records), len(self.tokens), feed.shape[1], watch.seconds,
-                                       drafted=len(drafts), accepted=len(kept) - 1, draft=tuple(drafts)))
-        self.keep(kept)
-
-    def keep(self, kept: list[int]) -> None:
-        for token in kept:
-            if len(self.new) == self.max_new or self.stopped():
-                break
-            self.new.append(token)
-            self.tokens.append(token)
-        self.drafter_kept()
-
-    def drafter_kept(self) -> None:
-        drafter = getattr(self, "drafter", None)
-        if drafter is not None:
-            drafter.rolled_back(len(self.tokens) - 1)
+    sampler = Sampler(temperature, top_k, generator)
+    drafter = Drafter(draft, k, ngram, len(prompt) + max_new_tokens, sampler)
+    (gen,) = decode(model, [prompt], max_new_tokens, sampler=sampler, stop_token=stop_token, keep_logits=keep_logits,
+                    step=SpeculativeStep(model, drafter, sampler))
+    return gen

@@ -24,8 +24,8 @@ def model():
 
 def test_compiled_generation_matches_eager(model):
     prompt = [3, 14, 15, 9, 26, 5, 35]
-    eager = generate(model, prompt, 24, return_records=True)
-    compiled = generate(model, prompt, 24, return_records=True, compile=True)
+    eager = generate(model, prompt, 24, keep_logits=True)
+    compiled = generate(model, prompt, 24, keep_logits=True, compile=True)
     assert compiled.tokens == eager.tokens
     torch.testing.assert_close(compiled.logits, eager.logits, atol=1e-5, rtol=1e-5)
     # the tokens are not a trivial repetition, so the comparison could fail
@@ -158,7 +158,7 @@ def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):
 
 
 def test_compiled_batch_matches_eager(model):
-    from kvlib.serve import generate_batch
+    from kvlib import generate_batch
 
     prompts = [[3, 14, 15], [9, 26, 5, 35, 8, 9], [2, 7]]
     eager = generate_batch(model, prompts, 10, keep_logits=True)
@@ -292,7 +292,7 @@ def test_the_fast_paths_dense_float32_batch_compiles_to_eagers_tokens():
     and logits within a bfloat16 step, for a batch on the dense path."""
     from kvlib.fast import KernelChoice, apply_choice, fuse
     from kvlib.quant import quantize
-    from kvlib.serve import generate_batch
+    from kvlib import generate_batch
 
     torch.manual_seed(2)
     cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)

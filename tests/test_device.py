@@ -312,7 +312,7 @@ def test_cuda_is_the_default_device(no_env):
 def test_float32_on_cuda_with_and_without_the_cache(real_shapes):
     cpu, gpu, ids, _ = real_shapes
     prompt = ids[0, :16].tolist()
-    cached = kvlib.generate(gpu, prompt, 24, return_records=True)
+    cached = kvlib.generate(gpu, prompt, 24, keep_logits=True)
     assert kvlib.generate(gpu, prompt, 24, use_cache=False) == cached.tokens
     assert _same_or_near_tie(kvlib.generate(cpu, prompt, 24), cached)
     torch.testing.assert_close(logits(gpu, ids), logits(cpu, ids), rtol=0, atol=1e-2)
@@ -331,7 +331,7 @@ def test_quantized_on_cuda_agrees_with_the_cpu_kernels(real_shapes, scheme, monk
     expected = logits(on_cpu, ids)
     assert_within_bf16(logits(moved, ids), expected, noise)
     assert_within_bf16(logits(on_gpu, ids), expected, noise)
-    cached = kvlib.generate(moved, ids[0, :16].tolist(), 8, return_records=True)
+    cached = kvlib.generate(moved, ids[0, :16].tolist(), 8, keep_logits=True)
     assert _same_or_near_tie(kvlib.generate(moved, ids[0, :16].tolist(), 8, use_cache=False), cached, 10 * noise)
     monkeypatch.undo()
     assert torch.equal(logits(moved.to("cpu"), ids), expected)   # back on the CPU: the kernels again
@@ -342,7 +342,7 @@ def test_quantized_on_cuda_agrees_with_the_cpu_kernels(real_shapes, scheme, monk
 def test_generate_batch_and_serve_on_cuda(real_shapes):
     _, gpu, ids, _ = real_shapes
     prompts = [ids[0, :n].tolist() for n in (16, 9, 16, 3)]
-    alone = [kvlib.generate(gpu, p, 10, return_records=True) for p in prompts]
+    alone = [kvlib.generate(gpu, p, 10, keep_logits=True) for p in prompts]
     batch = kvlib.generate_batch(gpu, prompts, 10)
     served = serve(gpu, [Request(p, 10) for p in prompts], max_batch=2).outputs
     assert all(_same_or_near_tie(b, a) and _same_or_near_tie(s, a) for a, b, s in zip(alone, batch, served))

@@ -45,7 +45,7 @@ def test_stop_token(model):
 
 
 def test_records(model):
-    out = kvlib.generate(model, torch.tensor([1, 2, 3, 4]), 5, return_records=True)
+    out = kvlib.generate(model, torch.tensor([1, 2, 3, 4]), 5, keep_logits=True)
     assert isinstance(out, kvlib.Generation)
     assert [r.context_len for r in out.records] == [4, 5, 6, 7, 8]
     assert out.logits.shape == (5, model.config.vocab_size)

@@ -155,12 +155,45 @@ def test_every_function_is_short_enough_to_read_at_once():
 def test_import_kvlib_is_quick_and_loads_nothing_heavy():
     code = ("import sys, time; t = time.perf_counter(); import kvlib; dt = time.perf_counter() - t; "
             "heavy = [m for m in ('gguf', 'tokenizers', 'ipywidgets', 'matplotlib', 'transformers', "
-            "'kvlib.measure', 'kvlib.widgets', 'kvlib.exercises', 'kvlib.smollm2') if m in sys.modules]; "
+            "'kvlib.measure', 'kvlib.widgets', 'kvlib.exercises', 'kvlib.smollm2', 'kvlib.serve', 'kvlib.fast', "
+            "'kvlib.bench') if m in sys.modules]; "
             "print(heavy, dt)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT.parent).stdout.split("]")
     assert out[0] == "[", f"import kvlib loaded {out[0]}]"
     assert float(out[1]) < 5.0          # torch itself takes most of it
+
+
+INSTANCE_ATTRIBUTES = {"kvlib.KVCache.lengths"}     # set in __init__: no class attribute to find
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``kvlib.a.b.C.d`` names a module and then attributes inside it."""
+    import importlib
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_docstrings_name_only_what_exists():
+    """A docstring's :mod:/:class:/:func: reference to kvlib names a module or object that exists
+    (references go stale when code moves)."""
+    import re
+    stale = [f"{path.relative_to(ROOT)}: {m}" for path in MODULES
+             for m in re.findall(r":(?:mod|class|func|meth|attr|data):`~?(kvlib(?:\.\w+)+)`", path.read_text(encoding="utf-8"))
+             if m not in INSTANCE_ATTRIBUTES and not _resolves(m)]
+    assert not stale, f"docstrings name what does not exist: {stale}"
+    assert not _resolves("kvlib.flops") and _resolves("kvlib.measure.flops")     # the check can fail
 
 
 def test_the_real_model_names_load_on_first_use():

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..serve.batch import generate_batch
+from ..generate import generate_batch
 
 __all__ = ["BATCH_SIZES", "BatchedRow", "batch_prompts", "time_kvlib_batched", "time_peer_batched"]
 

@@ -35,6 +35,7 @@ import torch
 
 from ..clock import Stopwatch
 from ..generate import generate
+from ..measure.experiments import STEP_PARTS
 from ..measure.hardware import machine_description, memory_bandwidth, weight_read_floor
 from .peer import first_difference
 from .goals import goals
@@ -137,20 +138,6 @@ def _time_transformers(hf_model, prompt, n_new, use_cache, repeats) -> Row:
                statistics.median(prefills))
 
 
-def stored_weight_bytes(model: torch.nn.Module) -> int:
-    """The bytes of a model's weights as it holds them: parameters and quantized buffers (RoPE's tables aside)."""
-    return (sum(p.numel() * p.element_size() for p in model.parameters())
-            + sum(b.numel() * b.element_size() for name, b in model.named_buffers() if not name.startswith("rope.")))
-
-
-MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_", "kvlib_cpu::q4_1_mm", "kvlib_cpu::q8_0_mm",
-                    "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu")
-
-
-ATTENTION_OPERATORS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
-                       "aten::_scaled_dot_product_attention_math")
-
-
 def profile_decode_step(model, context_len: int = 300, steps: int = 10, compile: bool = False,
                         label: str = "") -> dict:
     """Where the time of one cached decode step goes, from the torch profiler.
@@ -176,8 +163,8 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10, compile:
             step()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
-    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPERATORS)
-    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPERATORS)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in STEP_PARTS["matrix products"])
+    attention = sum(e.self_cpu_time_total for e in events if e.key in STEP_PARTS["attention"])
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
     return {
         "label": label or ("compiled" if compile else "eager"),
@@ -208,7 +195,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     if threads:
         torch.set_num_threads(threads)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if progress else (lambda *a: None)
-    bench = _Run(n_new, repeats, repeats_uncached, say)
+    bench = _Bench(n_new, repeats, repeats_uncached, say)
     bench.load()
     bench.time_baselines()
     if compile:
@@ -224,7 +211,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     return bench.summary(quality_tokens)
 
 
-class _Run:
+class _Bench:
     """The phases of one :func:`run`, in the order it calls them, sharing what they load and measure.
 
     :meth:`load` sets the models (``model``, ``tok``, ``hf_model``), ``path``, ``prompt``,
@@ -271,7 +258,7 @@ class _Run:
         self.prompt = demo_prompt(self.tok)
         self.say("timing the weight-read floor (every weight matrix once, back to back) ...")
         self.floor = weight_read_floor(self.model)
-        self.format_floors = {"float32": (stored_weight_bytes(self.model), self.floor)}
+        self.format_floors = {"float32": (self.model.weight_bytes(), self.floor)}
 
     def time_baselines(self) -> None:
         """Time kvlib and transformers in float32, eager, with the cache and without."""
@@ -314,7 +301,7 @@ class _Run:
             self.say(f"timing kvlib, with cache, {name} ({self.repeats} runs), and its weight-read floor ...")
             self.held[name] = m = build()
             self.rows.append(_time_kvlib(m, self.prompt, self.n_new, True, self.repeats, format=name))
-            self.format_floors[name] = (stored_weight_bytes(m), weight_read_floor(m))
+            self.format_floors[name] = (m.weight_bytes(), weight_read_floor(m))
             if name == FAST and compile_fast and not compile_formats:
                 self.say(f"compiling (with Inductor's C++ wrapper) and timing kvlib, with cache, compiled, {name} ...")
                 from ..fast import compile_fast_step
@@ -413,7 +400,7 @@ class _Run:
 
     def summary(self, quality_tokens: int) -> dict:
         """Everything measured, as the JSON-ready dict :func:`run` returns."""
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        weight_bytes = self.model.weight_bytes()
         limit_step = weight_bytes / self.bandwidth       # seconds per token if only the weights had to be read
         ratios, fastest = _ratios(self.rows, limit_step, self.floor)
         by = {r.impl: r for r in self.rows}

@@ -212,6 +212,22 @@ class KVCache(nn.Module):
         view.set_lengths(self.lengths[start:stop])
         return view
 
+    def tiled(self, batch: int, room: int = 0) -> "KVCache":
+        """A new cache of ``batch`` rows that each hold what row 0 of this one holds, with ``room``
+        positions to spare: rows that share a prompt, prefilled once. A plain :class:`KVCache` only."""
+        if type(self) is not KVCache:
+            raise TypeError(f"tiled() copies a plain KVCache; a {type(self).__name__} stores its keys its own way")
+        positive_int("batch", batch)
+        non_negative_int("room", room)
+        n, first = self.lengths[0], self.layers[0].k                    # (batch, kv_heads, max_len, head_dim)
+        out = KVCache(len(self.layers), batch, first.shape[1], n + room, first.shape[3], self.dtype, self.device)
+        for mine, theirs in zip(out.layers, self.layers):
+            for name in ("k", "v"):
+                row = getattr(theirs, name)[:1, :, :n]                   # (1, kv_heads, n, head_dim)
+                mine.write(name, None, row.expand(batch, -1, -1, -1), end=n)
+        out.advance(n)
+        return out
+
     # ------------------------------------------------------------------ description
     @property
     def dtype(self) -> torch.dtype:

@@ -96,7 +96,7 @@ def _step_mistakes(config: Config, n: int, use_cache: bool) -> dict[str, float]:
 
 def check_predict_step_flops(fn: Callable[[Config, int, bool], int]) -> None:
     """Exercise 4.1: ``fn(config, n, use_cache)`` is the FLOPs of one generation step at a
-    context of ``n`` tokens (logits at the last position only), as ``kvlib.flops`` counts it."""
+    context of ``n`` tokens (logits at the last position only), as :mod:`kvlib.measure.flops` counts it."""
     small, smol = Config.small(), Config.smollm2_135m()
     specs = [
         ("tiny, n=1, without the cache", Config.tiny(), 1, False),
@@ -196,7 +196,7 @@ def small_weight_bytes() -> int:
 
     with torch.device("meta"):
         model = Decoder(Config.small())
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return model.weight_bytes()
 
 
 def batched_intensity(batch: int = BATCH, context: int = CONTEXT, *, own_caches: bool = True,

@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.base import KVCache
 from ..clock import median_seconds
 from ..device import bfloat16_is_fast, cpu_name
+from ..measure.flops import step_call
 from ..paths import cache_dir
 from ..quant.linear import Int4Linear, Int8Linear
 from . import kernels
@@ -63,7 +63,7 @@ MEASURED_AS = "kvlib kernels 7"
 
 Timer = Callable[[Callable[[], object]], float]
 # Median of up to 30 calls, fewer where a call is slow: the measurement stays a matter of seconds.
-MEDIAN_IN_HALF_A_SECOND: Timer = partial(median_seconds, warmup=2, budget_s=0.5)
+MEDIAN_IN_HALF_A_SECOND: Timer = partial(median_seconds, repeats=30, warmup=2, budget_s=0.5)
 
 
 @dataclass
@@ -160,19 +160,10 @@ def _dense_ms(weights: Sequence[torch.Tensor], xs: dict[int, torch.Tensor], dtyp
 
 def _decode_step_ms(model: nn.Module, head: nn.Module, timer: Timer) -> float:
     """Milliseconds of one cached decode step of ``model`` with ``head`` as its output layer, after up
-    to 63 tokens; ``model``'s own layer is put back."""
+    to 63 tokens (:func:`kvlib.measure.flops.step_call`); ``model``'s own layer is put back."""
     kept, model.lm_head = model.lm_head, head
     try:
-        n = min(64, model.config.max_seq_len)
-        ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
-        ids = ids.to(model.device)
-        cache = KVCache.for_model(model, max_len=n)
-        model(ids[:, :-1], cache)
-
-        def step() -> None:
-            cache.truncate(n - 1)           # the same step every call
-            model(ids[:, -1:], cache, last_only=True)
-        return 1e3 * timer(step)
+        return 1e3 * timer(step_call(model, min(64, model.config.max_seq_len), use_cache=True))
     finally:
         model.lm_head = kept
 

@@ -33,7 +33,7 @@ def concat_linears(layers: list[nn.Module]) -> nn.Module:
 
 
 class FusedAttention(Attention):
-    """:class:`kvlib.Attention` with ``wq``, ``wk`` and ``wv`` stacked into one ``wqkv``: the
+    """:class:`kvlib.attention.Attention` with ``wq``, ``wk`` and ``wv`` stacked into one ``wqkv``: the
     rest of the layer (rotation, cache, attention, ``wo``) is the parent's own code."""
 
     def __init__(self, attn: Attention) -> None:

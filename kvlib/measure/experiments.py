@@ -254,8 +254,7 @@ class BatchPoint:
 def _roofline_point(model: torch.nn.Module, batch: int, step: float, context: int, *, bandwidth: float,
                     flops_per_s: float) -> BatchPoint:
     """A measured step beside the roofline's time for ``batch`` rows at ``context`` tokens."""
-    weights = sum(t.numel() * t.element_size() for t in model.parameters())
-    predicted = decode_step_seconds(batch, weight_bytes=weights,
+    predicted = decode_step_seconds(batch, weight_bytes=model.weight_bytes(),
                                     **row_cost(model.config, context, next(model.parameters()).dtype),
                                     flops_per_s=flops_per_s, bytes_per_s=bandwidth)
     return BatchPoint(batch, step, predicted, context)
@@ -267,16 +266,6 @@ def _prefilled(model: torch.nn.Module, prompt: Sequence[int]) -> tuple[KVCache, 
     with torch.no_grad():
         ids = torch.tensor([list(prompt)], device=next(model.parameters()).device)
         return one, model(ids, one, last_only=True).argmax(-1)
-
-
-def _tiled(model: torch.nn.Module, one: KVCache, batch: int, room: int) -> KVCache:
-    """A cache of ``batch`` rows, each holding what row 0 of ``one`` holds, with ``room`` slots more."""
-    n = one.pos
-    cache = KVCache.for_model(model, batch=batch, max_len=n + room)
-    for mine, theirs in zip(cache.layers, one.layers):
-        mine.k[:, :, :n], mine.v[:, :, :n] = theirs.k, theirs.v            # (batch, kv_heads, n, head_dim) from row 0
-    cache.advance(n)
-    return cache
 
 
 def _items(values: Sequence[int], progress: bool, desc: str):
@@ -300,7 +289,7 @@ def steps_at_context(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
     one, first = _prefilled(model, prompt)
     points = []
     for b in _items(batch_sizes, progress, f"batch sizes at {len(prompt):,} tokens"):
-        cache, ids, seconds = _tiled(model, one, b, n_steps), first.repeat(b, 1), []
+        cache, ids, seconds = one.tiled(b, n_steps), first.repeat(b, 1), []
         with torch.no_grad():
             for _ in range(n_steps):
                 with Stopwatch(device) as clock:
@@ -326,9 +315,13 @@ def _quiet_stderr():
         os.close(saved)
 
 
-STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
-                                  "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"),
-              "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+# The one classification of a step's operators (this section's profile and the benchmark's): the
+# matrix products, every kernel that multiplies by the weights (dense, matrix-vector, quantized:
+# PyTorch's and kvlib's own), and attention; the rest is "other operators".
+STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_", "kvlib::matvec",
+                                  "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu",
+                                  "aten::_weight_int4pack_mm", "kvlib_cpu::q4_1_mm", "kvlib_cpu::q8_0_mm"),
+              "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
                             "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
                             "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math")}
 
@@ -345,7 +338,7 @@ def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Seq
     one, first = _prefilled(model, prompt)
     out = {}
     for b in batch_sizes:
-        cache, ids = _tiled(model, one, b, n_steps + 1), first.repeat(b, 1)
+        cache, ids = one.tiled(b, n_steps + 1), first.repeat(b, 1)
         with torch.no_grad():
             ids = model(ids, cache, last_only=True).argmax(-1)                                   # warm-up
             with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:

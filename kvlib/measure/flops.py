@@ -34,7 +34,7 @@ side by side.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -211,43 +211,51 @@ def count_flops(fn: Callable[[], Any]) -> int:
 
 
 
-def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool,
-              seed: int = 0, compile: bool = False) -> Callable[[], torch.Tensor]:
+def step_call(model: torch.nn.Module, context_len: int, *, use_cache: bool, tokens_in: int = 1,
+              ids: Sequence[int] | None = None, last_only: bool = True, seed: int = 0,
+              compile: bool = False) -> Callable[[], torch.Tensor]:
     """A function that runs *one* generation step of ``model`` at ``context_len`` tokens of
-    context, and can be called again and again (to time it, or to count its FLOPs).
+    context, and can be called again and again: the one step fixture of every measurement (to
+    time a step, count its FLOPs, compare kernels).
 
-    Without the cache the step feeds all ``context_len`` tokens. With the cache the
-    first ``context_len - 1`` tokens are prefilled once, here, and every call feeds the
-    last token alone (resetting the cache position first, so each call is the same step).
-    Token ids are seeded random ids; the arithmetic does not depend on them. ``compile=True``
-    (with the cache) runs the step compiled (:func:`kvlib.compiled.compiled_decode_step`).
+    Without the cache the step feeds all ``context_len`` tokens. With the cache the first
+    ``context_len - tokens_in`` tokens are prefilled once, here, and every call feeds the last
+    ``tokens_in`` (rolling the cache back first, so each call is the same step: a decode step for
+    one token, a verify step of speculative decoding for several). ``ids``: the context's tokens
+    (default: seeded random ids; the arithmetic does not depend on them). ``last_only=False``
+    computes the logits of every fed position, as a verify step does. ``compile=True`` (with the
+    cache, one token) runs the step compiled (:func:`kvlib.compiled.compiled_decode_step`).
     """
     cfg = model.config
     if not isinstance(context_len, int) or not 1 <= context_len <= cfg.max_seq_len:
         raise ValueError(f"context_len must be an int in 1..{cfg.max_seq_len}, got {context_len!r}")
+    if not isinstance(tokens_in, int) or not 1 <= tokens_in <= context_len:
+        raise ValueError(f"tokens_in must be an int in 1..context_len={context_len}, got {tokens_in!r}")
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab_size, (1, context_len), generator=gen).to(device)
+    if ids is None:
+        ids = torch.randint(0, cfg.vocab_size, (context_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    if len(ids) != context_len:
+        raise ValueError(f"ids holds {len(ids)} tokens, context_len is {context_len}")
+    ids = torch.tensor([list(ids)], device=device)                                    # (1, context_len)
     if not use_cache:
-        def uncached_step() -> torch.Tensor:
-            with torch.no_grad():
-                return model(ids, last_only=True)
-        return uncached_step
-
+        return lambda: _no_grad(model, ids, None, last_only)
     cache = KVCache.for_model(model, batch=1, max_len=context_len)
-    stored = context_len - 1
+    stored = context_len - tokens_in
     if stored:
-        with torch.no_grad():
-            model(ids[:, :stored], cache, last_only=True)
-    last = ids[:, stored:]
-
-    run = compiled_decode_step(model) if compile else (lambda x, c: model(x, c, last_only=True))
+        _no_grad(model, ids[:, :stored], cache, True)
+    feed = ids[:, stored:]
+    run = compiled_decode_step(model) if compile else (lambda x, c: model(x, c, last_only=last_only))
 
     def cached_step() -> torch.Tensor:
-        cache.truncate(stored)         # the same step every call: one new token after `stored`
+        cache.truncate(stored)         # the same step every call: the last tokens after `stored`
         with torch.no_grad():
-            return run(last, cache)
+            return run(feed, cache)
     return cached_step
+
+
+def _no_grad(model: torch.nn.Module, ids: torch.Tensor, cache: KVCache | None, last_only: bool) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, cache, last_only=last_only)
 
 
 def count_step_flops(model: torch.nn.Module, context_len: int, *, use_cache: bool) -> int:

@@ -1,13 +1,12 @@
 """Measuring speculative decoding: acceptance, the cost of a step, and the formula's speed-up."""
 from __future__ import annotations
 
-import statistics
 from typing import Sequence
 
 import torch
 
-from ..cache.base import KVCache
-from ..clock import Stopwatch
+from ..clock import median_seconds
+from .flops import step_call
 
 __all__ = ["acceptance_rate", "tokens_per_step", "predicted_speedup", "step_seconds", "decode_rate"]
 
@@ -32,22 +31,13 @@ def predicted_speedup(alpha: float, k: int, plain: float, verify: float, draft: 
     return tokens_per_step(alpha, k) * plain / (verify + k * draft)
 
 
-@torch.no_grad()
 def step_seconds(model: torch.nn.Module, prompt: Sequence[int], tokens_in: int, repeats: int = 7) -> float:
     """Median seconds of one step of ``model`` feeding ``tokens_in`` tokens after ``prompt`` in its cache,
     as a verify step runs it: the logits of every fed position (each one's next token is checked),
-    not only the last's. The cache is rolled back after each, so every step sees the same context."""
-    device = next(model.parameters()).device
-    cache = KVCache.for_model(model, max_len=len(prompt) + tokens_in)
-    model(torch.tensor([list(prompt)], device=device), cache)
-    feed = torch.tensor([list(prompt[-tokens_in:])], device=device)
-    times = []
-    for _ in range(repeats + 1):                          # the first is a warm-up
-        with Stopwatch(device) as watch:
-            model(feed, cache)
-        cache.truncate(len(prompt))
-        times.append(watch.seconds)
-    return statistics.median(times[1:])
+    not only the last's (:func:`kvlib.measure.flops.step_call`, the cache rolled back after each)."""
+    context = list(prompt) + list(prompt[-tokens_in:])
+    return median_seconds(step_call(model, len(context), use_cache=True, tokens_in=tokens_in, ids=context,
+                                    last_only=False), repeats=repeats, warmup=1)
 
 
 def decode_rate(generation) -> float:

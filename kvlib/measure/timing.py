@@ -6,10 +6,9 @@ machine-dependent figures through :func:`fmt_approx`, so the notebook tests (nbv
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Callable
 
-from ..clock import Stopwatch, sync
+from ..clock import Stopwatch, median_seconds, sync     # the one stopwatch and the one median timer
 
 __all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "sync", "Stopwatch", "time_call",
            "median_seconds"]
@@ -68,7 +67,3 @@ def time_call(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> li
         times.append(watch.seconds)
     return times
 
-
-def median_seconds(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall-clock seconds of ``fn`` (see :func:`time_call`)."""
-    return statistics.median(time_call(fn, repeats=repeats, warmup=warmup))

@@ -1,7 +1,7 @@
-"""Serving many sequences at once: batched generation, and a small serving engine.
+"""Serving many sequences at once: a small serving engine. (Prompts of any lengths in one
+static batch, the loop of :func:`kvlib.generate` with a row per prompt, is
+:func:`kvlib.generate_batch`, in :mod:`kvlib.generate`; it is named here too.)
 
-- :mod:`.batch`: :func:`generate_batch`, prompts of any lengths in one batch (the loop of
-  :func:`kvlib.generate`, with one row per prompt);
 - the engine, after nano-vllm: :mod:`.sequence` (a request being served), :mod:`.blocks`
   (the KV pool's blocks: free list, reference counts, prefix caching), :mod:`.plan` (the
   scheduler: what each step runs), :mod:`.runner` (one forward pass per step over the paged
@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from .batch import generate_batch
+from ..generate import generate_batch
 from .blocks import BlockManager, block_keys
 from .engine import Engine, check_requests, serve
 from .plan import POLICIES, Scheduler, StepPlan

@@ -15,11 +15,10 @@ from typing import Callable, Sequence as Seq
 
 import torch
 
-from ..checks import optional_positive_int, positive_int
-from ..clock import Stopwatch
-from ..generate import check_prompt, check_sampling, sample
+from ..checks import positive_int
+from ..generate import Sampler, check_prompt, check_sampling
 from .blocks import BlockManager
-from .plan import POLICIES, Scheduler, StepPlan
+from .plan import Scheduler, StepPlan
 from .report import Request, ServeReport, ServeStep
 from .runner import ModelRunner
 from .sequence import Sequence
@@ -27,13 +26,14 @@ from .sequence import Sequence
 __all__ = ["Engine", "serve", "check_requests"]
 
 
-def check_requests(model: torch.nn.Module, requests: Seq[Request]) -> list[Request]:
-    """The requests as a list, or a ``TypeError``/``ValueError`` naming the request at fault by index."""
+def check_requests(model: torch.nn.Module, requests: Seq[Request], *, first: int = 0) -> list[Request]:
+    """The requests as a list, or a ``TypeError``/``ValueError`` naming the request at fault by its
+    index (counted from ``first``)."""
     if isinstance(requests, Request) or not isinstance(requests, Seq):
         raise TypeError(f"requests must be a list of kvlib.serve.Request, got {type(requests).__name__}")
     if not requests:
         raise ValueError("no requests: give at least one kvlib.serve.Request")
-    for i, r in enumerate(requests):
+    for i, r in enumerate(requests, start=first):
         if not isinstance(r, Request):
             raise TypeError(f"request {i} must be a kvlib.serve.Request, got {type(r).__name__}")
         positive_int(f"request {i}: max_new_tokens", r.max_new_tokens)
@@ -55,24 +55,53 @@ class Engine:
     (the next batch starts when every request of the current one has finished).
     ``prefill_chunk=N``: at most ``N`` prompt tokens per step. ``prefix_caching=True``: full
     blocks are kept under a key chained from their tokens and reused by any later request
-    that starts with the same tokens (across calls too).
+    that starts with the same tokens (across calls too). Bad values raise a ``ValueError`` from
+    the part that takes them (the block manager, the scheduler).
+
+    As nano-vllm's engine: :meth:`add` queues a request, :meth:`step` runs one step (schedule,
+    one forward pass, postprocess), :meth:`serve` adds a stream and steps it to the end.
     """
 
     def __init__(self, model: torch.nn.Module, *, max_batch: int, block_size: int = 16, num_blocks: int | None = None,
                  policy: str = "continuous", prefill_chunk: int | None = None, prefix_caching: bool = False) -> None:
-        positive_int("max_batch", max_batch)
-        positive_int("block_size", block_size)
-        optional_positive_int("num_blocks", num_blocks)
-        optional_positive_int("prefill_chunk", prefill_chunk)
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(map(repr, POLICIES))}")
-        if not isinstance(prefix_caching, bool):
-            raise TypeError(f"prefix_caching must be True or False, got {prefix_caching!r}")
-        self.model, self.max_batch, self.policy, self.prefill_chunk = model, max_batch, policy, prefill_chunk
+        self.model = model
         self.blocks = BlockManager(block_size, num_blocks, prefix_caching=prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_batch=max_batch, policy=policy, prefill_chunk=prefill_chunk)
         self.runner = ModelRunner(model, self.blocks)
+        self.sampler = Sampler()
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_batch
+
+    @property
+    def policy(self) -> str:
+        return self.scheduler.policy
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        return self.scheduler.prefill_chunk
+
+    def add(self, request: Request, index: int = 0) -> Sequence:
+        """Queue ``request`` (checked as :func:`check_requests` does); ``index`` names it in errors and reports."""
+        (r,) = check_requests(self.model, [request], first=index)
+        seq = Sequence(index, list(r.prompt), r.max_new_tokens, r.stop_token, float(r.arrival))
+        self.scheduler.add(seq)
+        return seq
 
     @torch.no_grad()
+    def step(self, now: float = float("inf")) -> tuple[StepPlan, list[Sequence]] | None:
+        """One step at time ``now`` (requests that arrive later wait): the scheduler plans it, the
+        runner does its one forward pass, each request that reached its end chooses a token
+        (:attr:`sampler`), and the scheduler's postprocess does the rest. Returns the plan and the
+        requests that took a token, or ``None`` when nothing could run."""
+        plan = self.scheduler.schedule(now)
+        if not plan.items:
+            return None
+        logits = self.runner.step(plan.items)                      # item index -> (vocab,)
+        chosen = {i: int(self.sampler(row)) for i, row in logits.items()}
+        return plan, self.scheduler.postprocess(plan, chosen)
+
     def serve(self, requests: Seq[Request], *, clock: Callable[[], float] | None = None, temperature: float = 0.0,
               top_k: int | None = None, generator: torch.Generator | None = None,
               progress: bool = False) -> ServeReport:
@@ -88,82 +117,66 @@ class Engine:
         if clock is None:
             t0 = time.perf_counter()
             clock = lambda: time.perf_counter() - t0            # noqa: E731
-        scheduler = Scheduler(self.blocks, max_batch=self.max_batch, policy=self.policy,
-                              prefill_chunk=self.prefill_chunk)
-        seqs = [Sequence(i, list(r.prompt), r.max_new_tokens, r.stop_token, float(r.arrival))
-                for i, r in enumerate(reqs)]
-        for seq in sorted(seqs, key=lambda s: s.arrival):
-            scheduler.add(seq)
-        run = _Run(self, scheduler, seqs, clock, lambda logits: int(sample(logits, temperature, top_k, generator)))
-        return run.to_end(progress)
+        self.sampler = Sampler(temperature, top_k, generator)
+        order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
+        seqs = dict(sorted((i, self.add(reqs[i], i)) for i in order))
+        record = _Record(self, list(seqs.values()), clock, progress)
+        while self.scheduler.has_work():
+            step_start = clock()
+            done = self.step(step_start)
+            if done is None:                                   # nothing to run until the next request arrives
+                record.wait()
+                continue
+            record.add(*done, step_start)
+        return record.report()
 
 
-class _Run:
-    """One call of :meth:`Engine.serve`: the loop of steps and what it records."""
+class _Record:
+    """What one call of :meth:`Engine.serve` records beside its steps, for its :class:`ServeReport`."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, seqs: list[Sequence], clock: Callable[[], float],
-                 choose: Callable[[torch.Tensor], int]) -> None:
-        self.engine, self.scheduler, self.seqs, self.clock, self.choose = engine, scheduler, seqs, clock, choose
+    def __init__(self, engine: Engine, seqs: list[Sequence], clock: Callable[[], float], progress: bool) -> None:
+        self.engine, self.seqs, self.clock = engine, seqs, clock
         self.times: list[list[float]] = [[] for _ in seqs]
         self.timeline: list[ServeStep] = []
-        self.hits_before = engine.blocks.hits
-        self.peak = engine.blocks.num_used
-        self.tables: list[list[int]] = [[] for _ in seqs]
-
-    def to_end(self, progress: bool) -> ServeReport:
-        bar = None
+        self.hits_before, self.peak = engine.blocks.hits, engine.blocks.num_used
+        self.preemptions_before = engine.scheduler.num_preemptions
+        self.start = clock()
+        self.bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=sum(s.max_new_tokens for s in self.seqs), desc="serving", unit="tok")
-        start = self.clock()
-        while self.scheduler.has_work():
-            plan = self.scheduler.schedule(self.clock())
-            if not plan.items:                             # nothing to run until the next request arrives
-                self.wait(plan)
-                continue
-            self.step(plan, start, bar)
-        if bar is not None:
-            bar.close()
-        e = self.engine
-        return ServeReport(e.policy, e.max_batch, e.blocks.block_size, e.prefill_chunk,
-                           [list(s.output) for s in self.seqs], [s.arrival for s in self.seqs], self.times,
-                           self.timeline, self.clock() - start, cached_tokens=e.blocks.hits - self.hits_before,
-                           preemptions=self.scheduler.num_preemptions, peak_blocks=self.peak,
-                           cached=[s.num_cached for s in self.seqs], block_tables=self.tables)
+            self.bar = tqdm(total=sum(s.max_new_tokens for s in seqs), desc="serving", unit="tok")
 
-    def wait(self, plan: StepPlan) -> None:
-        if plan.preempted or self.scheduler.running or not self.scheduler.waiting:
-            raise RuntimeError(f"the scheduler planned nothing with requests running: {self.scheduler!r}")
-        arrival = self.scheduler.waiting[0].arrival
+    def wait(self) -> None:
+        scheduler = self.engine.scheduler
+        if scheduler.running or not scheduler.waiting:
+            raise RuntimeError(f"the scheduler planned nothing with requests running: {scheduler!r}")
+        arrival = scheduler.waiting[0].arrival
         while self.clock() < arrival:
             time.sleep(0.0005)
 
-    def step(self, plan: StepPlan, start: float, bar) -> None:
-        """Run one planned forward pass, then let each request that reached its end choose a token."""
-        blocks, device = self.engine.blocks, self.engine.runner.kv.k.device
-        running = [s.index for s in self.scheduler.running]
-        step_start = self.clock()
-        with Stopwatch(device):
-            logits = self.engine.runner.step(plan.items)
-        now = self.clock()
-        work = []
-        for i, (seq, n) in enumerate(plan.items):
-            decoding = n == 1 and bool(seq.output) and seq.num_uncomputed == 1     # its last sampled token
-            work.append((seq.index, "decode" if decoding else "prefill", n))
-            seq.num_computed += n
-            blocks.commit(seq)
-            if i in logits:
-                seq.append(self.choose(logits[i]))
-                self.times[seq.index].append(now)
-                if bar is not None:
-                    bar.update()
-                if seq.done:
-                    self.tables[seq.index] = list(seq.block_table)
-                    self.scheduler.finish(seq)
+    def add(self, plan: StepPlan, took: list[Sequence], step_start: float) -> None:
+        """One step: when each request took its token, the pool's peak, and the step's line of the timeline."""
+        now, blocks = self.clock(), self.engine.blocks
+        for seq in took:
+            self.times[seq.index].append(now)
+        if self.bar is not None:
+            self.bar.update(len(took))
         self.peak = max(self.peak, blocks.num_used)
-        arrived = sum(s.arrival <= now for s in self.scheduler.waiting)
-        self.timeline.append(ServeStep(step_start - start, now - step_start, work, [s.index for s in plan.preempted],
-                                       running, arrived, blocks.num_used))
+        work = [(seq.index, kind, n) for (seq, n), kind in zip(plan.items, plan.kinds)]
+        running = [seq.index for seq in plan.running]
+        arrived = sum(s.arrival <= now for s in self.engine.scheduler.waiting)
+        self.timeline.append(ServeStep(step_start - self.start, now - step_start, work,
+                                       [s.index for s in plan.preempted], running, arrived, blocks.num_used))
+
+    def report(self) -> ServeReport:
+        if self.bar is not None:
+            self.bar.close()
+        e, seqs = self.engine, self.seqs
+        return ServeReport(e.policy, e.max_batch, e.blocks.block_size, e.prefill_chunk, [list(s.output) for s in seqs],
+                           [s.arrival for s in seqs], self.times, self.timeline, self.clock() - self.start,
+                           cached_tokens=e.blocks.hits - self.hits_before,
+                           preemptions=e.scheduler.num_preemptions - self.preemptions_before, peak_blocks=self.peak,
+                           cached=[s.num_cached for s in seqs], block_tables=[list(s.final_blocks) for s in seqs])
 
 
 def serve(model: torch.nn.Module, requests: Seq[Request], *, max_batch: int, block_size: int = 16,

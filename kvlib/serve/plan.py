@@ -16,9 +16,16 @@ pass, a :class:`StepPlan`: which sequences feed how many tokens.
    vLLM v1). With ``policy="static"`` a new batch is admitted only once every request of
    the current one has finished.
 
-A sequence with exactly one uncomputed token is *decoding* (usually the token it sampled
-at the last step; also the last token of a chunked prompt): it feeds that token outside
-the prefill budget. Every other feed is a *prefill* and counts against the budget.
+A sequence is *decoding* when it feeds the one token it sampled at the last step (it has
+output, and that token is its only uncomputed one): outside the prefill budget. Every other
+feed is a *prefill* (prompt tokens, or output tokens recomputed after a preemption) and counts
+against the budget. That is the one classification of a feed (:attr:`StepPlan.kinds`); the
+engine's report uses it too.
+
+After the forward pass, :meth:`Scheduler.postprocess` does everything that follows from it, in
+one place (as nano-vllm's does): the fed tokens count as computed, full blocks are committed
+(cached), each sequence whose tokens reached its end takes its next token, and one that is
+then done finishes and frees its blocks.
 
 When a running sequence needs a block and none is left, the most recently admitted running
 sequence is *preempted*: its blocks are freed and it goes back to the front of ``waiting``,
@@ -33,7 +40,7 @@ from ..checks import optional_positive_int, positive_int
 from .blocks import BlockManager
 from .sequence import Sequence, Status
 
-__all__ = ["POLICIES", "StepPlan", "Scheduler"]
+__all__ = ["POLICIES", "StepPlan", "Scheduler", "decoding"]
 
 POLICIES = ("continuous", "static")
 
@@ -49,7 +56,12 @@ class StepPlan:
 
     items: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    num_prefill_tokens: int = 0
+    kinds: list[str] = field(default_factory=list)      # per item: "decode" or "prefill"
+    running: list[Sequence] = field(default_factory=list)   # the running sequences when it was planned
+
+    def add(self, seq: Sequence, n: int, kind: str) -> None:
+        self.items.append((seq, n))
+        self.kinds.append(kind)
 
     @property
     def num_tokens(self) -> int:
@@ -57,14 +69,29 @@ class StepPlan:
         return sum(n for _, n in self.items)
 
     @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens fed by sequences that are not decoding."""
+        return sum(n for (_, n), kind in zip(self.items, self.kinds) if kind == "prefill")
+
+    @property
     def num_decode_tokens(self) -> int:
         """Tokens fed by decoding sequences (one each)."""
         return self.num_tokens - self.num_prefill_tokens
 
 
+def decoding(seq: Sequence) -> bool:
+    """Whether ``seq``'s next feed is a decode: the one token it sampled, its only uncomputed token."""
+    return bool(seq.output) and seq.num_uncomputed == 1
+
+
 def _chunk(seq: Sequence, budget: int | None) -> int:
     """Tokens ``seq`` may feed in a prefill: its uncomputed tokens, at most ``budget`` of them."""
     return seq.num_uncomputed if budget is None else min(seq.num_uncomputed, budget)
+
+
+def _charge(kind: str, n: int, budget: int | None) -> int | None:
+    """The prefill budget left after a feed of ``n`` tokens: a prefill counts, a decode is free."""
+    return budget if kind == "decode" or budget is None else budget - n
 
 
 class Scheduler:
@@ -121,13 +148,32 @@ class Scheduler:
         budget = self._plan_running(plan, self.prefill_chunk)
         if not plan.preempted:                         # memory is short: admit nobody this step
             self._admit(now, plan, budget)
+        plan.running = list(self.running)
         return plan
 
+    def postprocess(self, plan: StepPlan, chosen: dict[int, int]) -> list[Sequence]:
+        """After the forward pass of ``plan``: every fed sequence's tokens count as computed and its
+        full blocks are committed; each whose tokens reached its end takes its next token,
+        ``chosen[i]`` for item ``i``; one that is then done finishes. Returns the sequences that
+        took a token, in the plan's order."""
+        took = []
+        for i, (seq, n) in enumerate(plan.items):
+            seq.num_computed += n
+            self.blocks.commit(seq)
+            if i in chosen:
+                seq.append(chosen[i])
+                took.append(seq)
+                if seq.done:
+                    self.finish(seq)
+        return took
+
     def finish(self, seq: Sequence) -> None:
-        """``seq`` is done: it leaves ``running`` and its blocks are freed."""
+        """``seq`` is done: it leaves ``running`` and its blocks are freed (its table is kept in
+        ``seq.final_blocks``, for the report)."""
         if seq not in self.running:
             raise ValueError(f"request {seq.index} is not running: {seq!r}")
         self.running.remove(seq)
+        seq.final_blocks = list(seq.block_table)
         self.blocks.free(seq)
         seq.status = Status.FINISHED
 
@@ -142,24 +188,17 @@ class Scheduler:
             if seq.num_uncomputed < 1:
                 raise RuntimeError(f"request {seq.index} runs with every token computed: "
                                    f"append its next token (or finish it) before planning the next step")
-            n = 1 if seq.num_uncomputed == 1 else _chunk(seq, budget)     # a decode, or a prefill chunk
+            kind = "decode" if decoding(seq) else "prefill"
+            n = 1 if kind == "decode" else _chunk(seq, budget)     # a decode, or a prefill chunk
             if n == 0:                                 # the budget is spent: this prefill waits
                 i += 1
                 continue
             if not self._reserve_or_preempt(seq, n, plan):
                 break                                  # it was the last one, and is now preempted
-            plan.items.append((seq, n))
-            budget = self._charge(plan, seq, n, budget)
+            plan.add(seq, n, kind)
+            budget = _charge(kind, n, budget)
             i += 1
         return budget
-
-    @staticmethod
-    def _charge(plan: StepPlan, seq: Sequence, n: int, budget: int | None) -> int | None:
-        """Count a prefill of ``n`` tokens against the budget; a decode is free."""
-        if seq.num_uncomputed == 1:
-            return budget
-        plan.num_prefill_tokens += n
-        return None if budget is None else budget - n
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, plan: StepPlan) -> bool:
         """Reserve blocks for ``n`` more tokens of ``seq``, preempting the most recently
@@ -198,8 +237,8 @@ class Scheduler:
             self.running.append(seq)
             n = _chunk(seq, budget)                    # what allocate reserved blocks for
             if n:                                      # (0 in a static batch admitted beyond the budget)
-                plan.items.append((seq, n))
-                budget = self._charge(plan, seq, n, budget)
+                plan.add(seq, n, "prefill")
+                budget = _charge("prefill", n, budget)
 
     def __repr__(self) -> str:
         return (f"Scheduler({self.policy}, max_batch={self.max_batch}, prefill_chunk={self.prefill_chunk}, "

@@ -68,7 +68,8 @@ class PagedKV:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                end: int) -> torch.Tensor:
         """The :class:`kvlib.attention.KVStore` contract for one flat step: ``q`` ``(1, heads, tokens,
-        head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns ``(1, heads, tokens, head_dim)``."""
+        head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns ``(1, heads, tokens, head_dim)``.
+        ``end`` is not needed: the step's layout says which slots each request reads."""
         lay = self.layout
         pool_k, pool_v = self.k[layer], self.v[layer]                 # (slots, kv_heads, head_dim)
         pool_k[lay.slots] = k[0].transpose(0, 1)                      # (tokens, kv_heads, head_dim)
@@ -144,6 +145,7 @@ class ModelRunner:
         device = self.kv.k.device
         columns = list(wanted.values()) or [len(ids) - 1]          # (no request chooses: any one column)
         logits = self.model.run(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
-                                self.kv, last=torch.tensor([columns], device=device))     # (1, k, vocab)
+                                self.kv, end=max(positions) + 1,                  # from the list: no device sync
+                                last=torch.tensor([columns], device=device))      # (1, k, vocab)
         self.kv.layout = None
         return {i: logits[0, j] for j, i in enumerate(wanted)}

@@ -19,6 +19,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..checks import is_int, non_negative_int, positive_int
+from ..generate import finished
 
 __all__ = ["Status", "Sequence"]
 
@@ -50,6 +51,7 @@ class Sequence:
     num_computed: int = 0
     num_cached: int = 0
     status: Status = Status.WAITING
+    final_blocks: list[int] = field(default_factory=list)   # its block table when it finished
 
     def __post_init__(self) -> None:
         non_negative_int("index", self.index)
@@ -77,10 +79,9 @@ class Sequence:
 
     @property
     def done(self) -> bool:
-        """It has written ``max_new_tokens`` tokens, or its last token is its stop token."""
-        if len(self.output) >= self.max_new_tokens:
-            return True
-        return self.stop_token is not None and bool(self.output) and self.output[-1] == self.stop_token
+        """It has written ``max_new_tokens`` tokens, or its last token is its stop token
+        (:func:`kvlib.generate.finished`, the stop rule of every loop)."""
+        return finished(self.output, self.max_new_tokens, self.stop_token)
 
     def append(self, token: int) -> None:
         """Add a generated token; the sequence becomes ``FINISHED`` if that makes it done.

@@ -1,7 +1,7 @@
 """The memory calculator widget: model × context × batch × number format, with the cache
 beside the weights (the sizes come from :mod:`kvlib.cache.sizes`).
 
-It follows the slider widgets of :mod:`kvlib.widgets.cost`: every combination of its
+It follows the slider widgets of :mod:`kvlib.widgets.context`: every combination of its
 controls is drawn in advance and shown by ``Stack`` widgets linked to the controls with
 ``jslink``, so it works in the published HTML book without a Python kernel.
 """

@@ -42,7 +42,7 @@ class TotalPoint:
 
 def total_arithmetic_data(config: Config, lengths: Sequence[int], *, prompt_len: int = 1,
                           samples: int = 48) -> list[TotalPoint]:
-    """Totals for generating each of ``lengths`` tokens both ways, from :mod:`kvlib.flops`.
+    """Totals for generating each of ``lengths`` tokens both ways, from :mod:`kvlib.measure.flops`.
 
     With the default one-token prompt, generating ``n`` tokens runs steps at contexts
     ``1 .. n``. ``samples`` running totals per point are kept for drawing.

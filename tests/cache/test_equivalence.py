@@ -1,6 +1,7 @@
 """Cached decoding must equal uncached decoding: the property the whole chapter stands on."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -77,8 +78,8 @@ def test_generate_cached_equals_uncached(cfg, seed, prompt_len, n_new):
     torch.manual_seed(seed)
     model = Decoder(cfg).eval()
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,)).tolist()
-    fast = kvlib.generate(model, prompt, n_new, use_cache=True, return_records=True)
-    slow = kvlib.generate(model, prompt, n_new, use_cache=False, return_records=True)
+    fast = kvlib.generate(model, prompt, n_new, use_cache=True, keep_logits=True)
+    slow = kvlib.generate(model, prompt, n_new, use_cache=False, keep_logits=True)
     assert fast.tokens == slow.tokens
     torch.testing.assert_close(fast.logits, slow.logits, atol=1e-5, rtol=1e-5)
     # The cached path feeds the prompt once, then one token per step.
@@ -99,3 +100,27 @@ def test_cache_never_rewrites_written_entries(case):
             for (k, v), layer in zip(before, cache.layers):
                 assert torch.equal(layer.k[:, :, :start], k)
                 assert torch.equal(layer.v[:, :, :start], v)
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(model_and_ids(), st.integers(1, 4))
+def test_tiled_rows_continue_like_the_row_they_copy(case, batch):
+    """KVCache.tiled: every row of the copy decodes the next tokens as the prefilled row does."""
+    model, ids, split, _ = case
+    one = KVCache.for_model(model, max_len=split)
+    with torch.no_grad():
+        model(ids[:1, :split], one)
+        rest = ids[:1, split:]
+        tiled = one.tiled(batch, room=rest.shape[1])
+        assert tiled.lengths == [split] * batch and tiled.max_len == ids.shape[1]
+        if rest.shape[1]:
+            full = model(ids[:1])[:, split:]                                   # (1, rest, vocab)
+            rows = model(rest.expand(batch, -1), tiled)                       # (batch, rest, vocab)
+            torch.testing.assert_close(rows, full.expand(batch, -1, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_tiled_refuses_a_cache_that_stores_keys_its_own_way():
+    from kvlib.cache import SlidingWindowKVCache
+    model = Decoder(Config(vocab_size=16, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_mlp=8, max_seq_len=16))
+    with pytest.raises(TypeError, match="plain KVCache"):
+        SlidingWindowKVCache.for_model(model, window=4).tiled(2)

@@ -155,8 +155,8 @@ def tokens_fed(p, n, use_cache):
 
 def test_tokens_fed_reference_passes_and_grades_the_ratio(capsys):
     model = kvlib.Decoder(kvlib.Config.tiny()).eval()
-    without = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=False, return_records=True)
-    with_ = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=True, return_records=True)
+    without = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=False, keep_logits=True)
+    with_ = kvlib.generate(model, [1, 2, 3, 4, 5, 6, 7, 8], 30, use_cache=True, keep_logits=True)
     gen.check_tokens_fed(tokens_fed, without.records, with_.records)
     gen.check_tokens_fed(lambda p, n, c: float(tokens_fed(p, n, c)))
     out = capsys.readouterr().out

@@ -6,10 +6,9 @@ import math
 import pytest
 import torch
 
-import kvlib
 import kvlib.exercises as ex
 from kvlib.exercises import CheckFailed, check_max_context, check_quantize_int8
-from kvlib.cache import crossover_tokens, kv_bytes_per_token, kv_cache_bytes, weight_bytes
+from kvlib.cache import crossover_tokens, kv_cache_bytes, weight_bytes
 from kvlib.cache import MODEL_SHAPES
 
 

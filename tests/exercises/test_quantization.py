@@ -284,7 +284,7 @@ def test_the_flip_cases_are_far_from_ties():
     for case in qf._flip_cases():
         model, prompt, n_new, make = case.args
         for cache in (None, make()):
-            run = kvlib.generate(model, prompt, n_new, return_records=True, cache=cache)
+            run = kvlib.generate(model, prompt, n_new, keep_logits=True, cache=cache)
             top2 = run.logits.topk(2, dim=-1).values
             assert (top2[:, 0] - top2[:, 1]).min() > 1e-3, case.name
 

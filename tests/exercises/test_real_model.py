@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 import kvlib
 import kvlib.exercises as ex

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlib import Config, Decoder, generate
-from kvlib.fast import KernelChoice, KernelSwitch, Q4_1Linear, Q8_0Linear, apply_choice, fast_model, fuse, kernel_choice
+from kvlib.fast import KernelChoice, KernelSwitch, Q4_1Linear, Q8_0Linear, apply_choice, fuse, kernel_choice
 from kvlib.fast import kernels
 from kvlib.fast.choose import (DENSE_KERNELS, DENSE_MARGIN, OUTPUT_MARGIN, choice_path, choose, dense_against_kernels,
                                dense_candidates, measure_kernels)
-from kvlib.quant import Int4Linear, Int8Linear, quantize
-from kvlib.serve import generate_batch
+from kvlib.quant import Int4Linear, quantize
+from kvlib import generate_batch
 
 CFG = Config(vocab_size=97, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=64)
 OURS = kernels.kernels_missing() is None          # kvlib's own kernels built here (a C++ compiler)

@@ -10,7 +10,7 @@ from torch import nn
 from kvlib import Config, Decoder, generate
 from kvlib.fast import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 from kvlib.quant import Int4Linear, Int8Linear, quantize
-from kvlib.serve import generate_batch
+from kvlib import generate_batch
 
 CFG = Config(vocab_size=97, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=64)   # widths of 64s: the int4 blocks
 

@@ -1,4 +1,4 @@
-"""kvlib.flops: the closed-form counts equal what PyTorch's FLOP counter counts, call by call."""
+"""kvlib.measure.flops: the closed-form counts equal what PyTorch's FLOP counter counts, call by call."""
 from __future__ import annotations
 
 import pytest

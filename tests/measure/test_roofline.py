@@ -134,12 +134,12 @@ def test_steps_at_context_times_every_batch_beside_the_formula():
 def test_steps_at_context_decodes_what_generate_decodes():
     """The rows hold the prompt's real cache: the tokens the timed steps choose are generate's."""
     import kvlib
-    from kvlib.measure.experiments import _prefilled, _tiled
+    from kvlib.measure.experiments import _prefilled
     from tests.tiny_models import tiny_model
 
     model, prompt = tiny_model(), [5, 9, 2, 33, 7, 1]
     one, ids = _prefilled(model, prompt)
-    cache, ids, chosen = _tiled(model, one, 2, 3), ids.repeat(2, 1), []
+    cache, ids, chosen = one.tiled(2, room=3), ids.repeat(2, 1), []
     with torch.no_grad():
         for _ in range(3):
             chosen.append(ids[:, 0].tolist())

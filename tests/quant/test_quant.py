@@ -261,3 +261,22 @@ def test_a_quantized_model_serves_and_compiles():
     solo = [kvlib.generate(q, [1, 2, 3], 4), kvlib.generate(q, [4, 5], 3)]
     assert run.outputs == solo
     assert kvlib.generate(q, [1, 2, 3], 6, compile=True) == kvlib.generate(q, [1, 2, 3], 6)
+
+
+def test_weight_bytes_count_the_quantized_buffers_and_feed_the_roofline():
+    """One count of a model's weight bytes (kvlib.Decoder.weight_bytes): the parameters of a float model
+    (RoPE's tables are no weights); for a 4-bit model also the packed integers and scales its layers
+    keep in buffers, which a count of parameters alone misses. The roofline of section 7 reads it."""
+    from kvlib.measure.roofline import decode_step_seconds, row_cost
+
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    assert model.weight_bytes() == sum(p.numel() * p.element_size() for p in model.parameters())
+    q = quantize(model, "int4", group_size=32)
+    layers = [m for m in q.modules() if isinstance(m, Int4Linear)]
+    packed = sum(b.numel() * b.element_size() for m in layers for b in m.buffers())
+    params = sum(p.numel() * p.element_size() for p in q.parameters())
+    assert packed > 0 and q.weight_bytes() == params + packed
+    step = lambda m: decode_step_seconds(1, weight_bytes=m.weight_bytes(), **row_cost(m.config, 16, m.dtype),
+                                         flops_per_s=1e12, bytes_per_s=1e9)
+    assert step(q) < step(model)              # fewer bytes to read: a shorter memory-bound step

@@ -78,14 +78,13 @@ def test_each_row_stops_at_its_own_stop_token():
     assert len(stopped[0].records) <= 10
 
 
-def test_the_result_carries_its_records_and_the_old_flag_still_works():
+def test_the_result_carries_its_records_and_logits_when_asked():
     model = tiny_model(torch.float64)
     out = kvlib.generate_batch(model, [[1, 2], [3, 4, 5]], 4)
     assert all(isinstance(g, kvlib.Generation) and g.logits is None for g in out)
     assert [r.tokens_in for r in out[0].records] == [6, 2, 2, 2] and out[0].records is out[1].records
-    with pytest.warns(DeprecationWarning, match=r"return_records=True\) is deprecated"):
-        old = kvlib.generate_batch(model, [[1, 2], [3, 4, 5]], 4, return_records=True)
-    assert old == out and old[0].logits.shape == (4, 64)
+    with_logits = kvlib.generate_batch(model, [[1, 2], [3, 4, 5]], 4, keep_logits=True)
+    assert with_logits == out and with_logits[0].logits.shape == (4, 64)
 
 
 # ------------------------------------------------------------------- the checks can fail

@@ -4,7 +4,6 @@ reported, never silently passed)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import kvlib
 from kvlib.serve import Engine, Request, serve

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from kvlib.serve import blocks as blocks_module
 from kvlib.serve.blocks import BlockManager
-from kvlib.serve.plan import POLICIES, Scheduler, StepPlan
+from kvlib.serve.plan import POLICIES, Scheduler, StepPlan, decoding
 from kvlib.serve.sequence import Sequence, Status
 
 V = 5                                   # the fake model's vocabulary
@@ -126,7 +126,7 @@ def check_plan(w: Workload, sched: Scheduler, plan: StepPlan, before: list[Seque
     assert w.prefill_chunk is None or plan.num_prefill_tokens <= w.prefill_chunk, "plan: over the prefill budget"
     for s in before:
         if s not in fed and s not in plan.preempted:    # only a prefill waits, and only for the budget
-            assert s.num_uncomputed > 1 and plan.num_prefill_tokens == w.prefill_chunk, f"plan: request {s.index} skipped"
+            assert not decoding(s) and plan.num_prefill_tokens == w.prefill_chunk, f"plan: request {s.index} skipped"
     if w.policy == "static" and any(s not in before for s in fed):
         assert not before, "plan: a static batch admitted while the last one runs"
     for s in plan.preempted:

@@ -6,7 +6,6 @@ import pytest
 import torch
 from ipywidgets.widgets.widget_link import Link
 
-import kvlib
 from kvlib import Config, Decoder
 from kvlib.cache import KiviKVCache
 from kvlib.measure.experiments import BatchPoint
