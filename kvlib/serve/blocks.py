@@ -33,6 +33,7 @@ import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence as ListLike
 
+from ..cache.paging import blocks_for
 from ..checks import non_negative_int, optional_positive_int, positive_int
 from .sequence import Sequence
 
@@ -53,9 +54,18 @@ def block_keys(tokens: TokenIds, block_size: int) -> list[bytes]:
     """The chained keys of the full blocks of ``tokens`` (a last, partial block has none)."""
     positive_int("block_size", block_size)
     keys: list[bytes] = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        keys.append(chain_key(keys[-1] if keys else b"", tokens[start:start + block_size]))
+    while len(keys) < len(tokens) // block_size:
+        keys.append(next_block(tokens, block_size, keys)[2])
     return keys
+
+
+def next_block(tokens: TokenIds, block_size: int, keys: list[bytes]) -> tuple[bytes, tuple[int, ...], bytes]:
+    """The full block after the ``len(keys)`` blocks already keyed: ``(the key before it, its
+    tokens, its key)``, one step of the chained walk."""
+    i = len(keys)
+    content = tuple(tokens[i * block_size:(i + 1) * block_size])
+    previous = keys[-1] if keys else b""
+    return previous, content, chain_key(previous, content)
 
 
 class BlockManager:
@@ -99,6 +109,12 @@ class BlockManager:
         return len(self._free) + len(self._lru)
 
     @property
+    def free_blocks(self) -> list[int]:
+        """The blocks that can be handed out now, in the order they will be: never-cached free
+        ones first (in the order they were freed), then cached ones, least recently used first."""
+        return list(self._free) + list(self._lru)
+
+    @property
     def num_used(self) -> int:
         """Blocks referenced by at least one sequence."""
         return self._used
@@ -113,7 +129,7 @@ class BlockManager:
 
     def blocks_for(self, n_tokens: int) -> int:
         """Blocks needed to hold ``n_tokens`` tokens: ``ceil(n_tokens / block_size)``."""
-        return -(-n_tokens // self.block_size)
+        return blocks_for(n_tokens, self.block_size)
 
     # ------------------------------------------------------------------ taking and giving back
 
@@ -179,13 +195,11 @@ class BlockManager:
         :meth:`hit_limit`), and their keys; changes nothing."""
         if not self.prefix_caching:
             return [], []
-        tokens, size = seq.tokens, self.block_size
+        tokens = seq.tokens
         blocks: list[int] = []
         keys: list[bytes] = []
-        for i in range(self.hit_limit(seq)):
-            content = tuple(tokens[i * size:(i + 1) * size])
-            previous = keys[-1] if keys else b""
-            key = chain_key(previous, content)
+        for _ in range(self.hit_limit(seq)):
+            previous, content, key = next_block(tokens, self.block_size, keys)
             block = self._by_key.get(key)
             if block is None or self._content[block] != (previous, content):   # a digest collision is a miss
                 break
@@ -245,18 +259,17 @@ class BlockManager:
         if not self.prefix_caching:
             return
         keys = self._seq_keys.setdefault(seq, [])
-        size = self.block_size
-        if len(keys) >= seq.num_computed // size:
+        full = seq.num_computed // self.block_size
+        if len(keys) >= full:
             return                                           # no block became full
         tokens = seq.tokens
-        for i in range(len(keys), seq.num_computed // size):
-            content = tuple(tokens[i * size:(i + 1) * size])
-            previous = keys[-1] if keys else b""
-            keys.append(chain_key(previous, content))
-            block = seq.block_table[i]
-            if keys[-1] not in self._by_key and block not in self._key_of:
-                self._by_key[keys[-1]] = block
-                self._key_of[block] = keys[-1]
+        while len(keys) < full:
+            previous, content, key = next_block(tokens, self.block_size, keys)
+            block = seq.block_table[len(keys)]
+            keys.append(key)
+            if key not in self._by_key and block not in self._key_of:
+                self._by_key[key] = block
+                self._key_of[block] = key
                 self._content[block] = (previous, content)
 
     # ------------------------------------------------------------------ where tokens live

@@ -16,7 +16,7 @@ from kvlib.attention import banded_mask, causal_attention
 from kvlib.measure import peak_memory
 from kvlib.cache import bytes_per_number, crossover_tokens, kv_bytes_per_token, weight_bytes
 from kvlib.cache import MLA_SHAPES, MODEL_SHAPES, MLAShape, count_parameters, model_shape
-from kvlib.cache import (Occupancy, PagePool, RequestLengths, occupancy, pages_for, per_request_occupancy,
+from kvlib.cache import (Occupancy, RequestLengths, occupancy, blocks_for, per_request_occupancy,
                           reserved_slots, sample_requests)
 from kvlib.cache import dequantize_int8, quantize_int8
 
@@ -289,7 +289,7 @@ def test_generate_with_a_sliding_window_cache(model64):
     prompt = list(range(1, 6))
     window = 6
     cache = SlidingWindowKVCache.for_model(model64, window=window)
-    out = kvlib.generate(model64, prompt, 30, cache=cache, return_records=True)
+    out = kvlib.generate(model64, prompt, 30, cache=cache, keep_logits=True)
     assert cache.pos == len(prompt) + 30 - 1          # the last token is chosen, not yet fed
     ids = torch.tensor([prompt + out.tokens[:-1]])
     with torch.no_grad():
@@ -369,8 +369,8 @@ def test_int8_cache_is_close_to_the_float_cache():
     torch.manual_seed(0)
     model = Decoder(Config.small()).eval()
     prompt = torch.randint(0, model.config.vocab_size, (12,)).tolist()
-    exact = kvlib.generate(model, prompt, 20, return_records=True)
-    int8 = kvlib.generate(model, prompt, 20, cache=Int8KVCache.for_model(model, max_len=32), return_records=True)
+    exact = kvlib.generate(model, prompt, 20, keep_logits=True)
+    int8 = kvlib.generate(model, prompt, 20, cache=Int8KVCache.for_model(model, max_len=32), keep_logits=True)
     diff = (exact.logits - int8.logits).abs().max()
     assert 0 < diff < 0.1 * exact.logits.abs().max()
     # the stored numbers are within half a step of what a float cache stores
@@ -418,50 +418,32 @@ def test_contiguous_waste_is_reserved_minus_used(requests):
     assert end.used == sum(r.total for r in requests) and end.future == 0
 
 
-@pytest.mark.parametrize("page_size", [1, 7, 16, 64])
-def test_paged_waste_is_under_one_page_per_request(requests, page_size):
-    for r, occ in zip(requests, per_request_occupancy(requests, "paged", page_size=page_size, over="end")):
-        assert 0 <= occ.wasted < page_size
-        assert occ.reserved == pages_for(r.total, page_size) * page_size
-    for r, occ in zip(requests, per_request_occupancy(requests, "paged", page_size=page_size)):
-        assert occ.wasted < page_size * r.output_len           # under a page at every step
-    if page_size == 1:
-        assert occupancy(requests, "paged", page_size=1).wasted == 0
-    assert (occupancy(requests, "paged", page_size=page_size).waste_fraction
+@pytest.mark.parametrize("block_size", [1, 7, 16, 64])
+def test_paged_waste_is_under_one_block_per_request(requests, block_size):
+    for r, occ in zip(requests, per_request_occupancy(requests, "paged", block_size=block_size, over="end")):
+        assert 0 <= occ.wasted < block_size
+        assert occ.reserved == blocks_for(r.total, block_size) * block_size
+    for r, occ in zip(requests, per_request_occupancy(requests, "paged", block_size=block_size)):
+        assert occ.wasted < block_size * r.output_len           # under a block at every step
+    if block_size == 1:
+        assert occupancy(requests, "paged", block_size=1).wasted == 0
+    assert (occupancy(requests, "paged", block_size=block_size).waste_fraction
             < occupancy(requests, "contiguous").waste_fraction)
 
 
 def test_paging_helpers():
-    assert [pages_for(n, 16) for n in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
-    assert reserved_slots(17, "paged", page_size=16) == 32 and reserved_slots(17, "contiguous") == 2048
+    assert [blocks_for(n, 16) for n in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+    assert reserved_slots(17, "paged", block_size=16) == 32 and reserved_slots(17, "contiguous") == 2048
     with pytest.raises(ValueError):
         reserved_slots(3000, "contiguous")
     with pytest.raises(ValueError):
         reserved_slots(3, "buddy")
     r = RequestLengths(prompt_len=3, output_len=2)
     assert list(r.lengths()) == [4, 5]
-    # at 4 tokens of 5 with pages of 4: 4 used, nothing empty; at 5: 5 used, 3 never used
-    assert per_request_occupancy([r], "paged", page_size=4) == [Occupancy(9, 0, 3)]
+    # at 4 tokens of 5 with blocks of 4: 4 used, nothing empty; at 5: 5 used, 3 never used
+    assert per_request_occupancy([r], "paged", block_size=4) == [Occupancy(9, 0, 3)]
     # contiguous (max_len 8): at 4 tokens, 1 slot for the future and 3 never used; at 5, 3 never used
     assert per_request_occupancy([r], "contiguous", max_len=8) == [Occupancy(9, 1, 6)]
-
-
-def test_page_pool():
-    pool = PagePool(n_pages=6, page_size=4)
-    assert pool.append("a", 5) == [0, 1]
-    assert pool.append("b", 3) == [2]
-    assert pool.append("a", 3) == [] and pool.append("a", 1) == [3]
-    assert pool.where("a", 8) == (3, 0) and pool.where("b", 2) == (2, 2)
-    pool.release("b")
-    assert pool.append("c", 6) == [4, 5]
-    assert pool.append("c", 3) == [2]                 # b's freed page, after the never-used ones
-    assert pool.used_pages == 6 and pool.occupancy() == Occupancy(9 + 9, 0, 24 - 18)
-    with pytest.raises(MemoryError, match="pool is full"):
-        pool.append("a", 4)
-    with pytest.raises(IndexError):
-        pool.where("a", 9)
-    pages = [p for t in pool.tables.values() for p in t]
-    assert len(pages) == len(set(pages))              # no page handed out twice
 
 
 # =============================================================== the calculator widget

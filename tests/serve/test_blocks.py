@@ -243,3 +243,21 @@ def test_reference_counts_match_the_tables_under_any_operations(data):
             assert len(s.block_table) >= blocks.blocks_for(s.num_computed)
             for b in s.block_table[s.num_computed // size:]:
                 assert blocks.ref_count(b) == 1 and not blocks.is_cached(b)
+
+
+def test_a_finished_requests_blocks_go_to_the_next_request_that_grows():
+    """Section 6's picture: tables grow in turns, freed blocks are handed out after the
+    never-used ones, so a request's blocks end up scattered; nothing is handed out twice."""
+    blocks = BlockManager(4, 6)
+    a, b = admitted(blocks, range(5)), admitted(blocks, range(3), index=1)
+    assert (a.block_table, b.block_table, blocks.free_blocks) == ([0, 1], [2], [3, 4, 5])
+    a.append(9), b.append(9)
+    computed(blocks, a), computed(blocks, b)                   # a: 6 tokens in 2 blocks; b: 4 in 1
+    blocks.free(b)
+    assert blocks.free_blocks == [3, 4, 5, 2]
+    c = admitted(blocks, range(13), index=2)                   # 4 blocks: the never-used ones, then b's
+    assert c.block_table == [3, 4, 5, 2] and blocks.free_blocks == []
+    assert blocks.slot(c, 12) == 2 * 4 + 0
+    assert not blocks.reserve(a, 3)                            # a's third block: the pool is empty
+    held = a.block_table + c.block_table
+    assert len(held) == len(set(held))
