@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -67,6 +68,16 @@ def build_for(choice: str, system: str | None = None, nvidia: bool | None = None
     return "cpu" if system == "Linux" and not nvidia else "pypi"
 
 
+def index_reachable(url: str = CPU_INDEX, timeout: float = 10.0) -> bool:
+    """Whether ``url`` answers at all (one request, ``timeout`` seconds): where it cannot even be
+    looked up, pip would spend minutes retrying it for torch and each of its dependencies."""
+    try:
+        with urllib.request.urlopen(f"{url}/torch/", timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def pip_install(*args: str) -> int:
     """``python -m pip install --quiet ARGS`` in this environment; its exit status."""
     return subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *args]).returncode
@@ -81,7 +92,9 @@ def install(pin: str, build: str, have: str | None) -> None:
     if build == "cpu":
         print(f"install_torch: {requirement}, the CPU build, from {CPU_INDEX} "
               "(make setup TORCH=cuda for the CUDA build)", flush=True)
-        if pip_install(requirement, "--index-url", CPU_INDEX, *CPU_INDEX_PIP_OPTIONS) == 0:
+        if not index_reachable():
+            print(f"install_torch: {CPU_INDEX} cannot be reached from here", flush=True)
+        elif pip_install(requirement, "--index-url", CPU_INDEX, *CPU_INDEX_PIP_OPTIONS) == 0:
             return
         print(f"install_torch: {CPU_INDEX} could not be used (above); falling back to `pip install "
               f"{requirement}` from pip's own index or mirror (on Linux that is usually the CUDA build, "

@@ -29,6 +29,7 @@ def pip(monkeypatch):
         after: str | None = f"{PIN}+cpu"
         before: str | None = None
         uninstalled = False
+        reachable = True
 
     state = Pip()
     state.calls, state.results = [], []
@@ -42,6 +43,7 @@ def pip(monkeypatch):
         state.uninstalled = True
     monkeypatch.setattr(install_torch, "pip_install", fake_install)
     monkeypatch.setattr(install_torch.subprocess, "run", fake_run)
+    monkeypatch.setattr(install_torch, "index_reachable", lambda: state.reachable)
     monkeypatch.setattr(install_torch, "installed_version",
                         lambda: state.after if state.calls else state.before)
     return state
@@ -96,6 +98,20 @@ def test_an_unreachable_cpu_index_falls_back_to_pips_own_index(pip, monkeypatch,
     install_torch.ensure_torch("auto", ROOT / "requirements.txt")
     assert pip.calls[1] == (f"torch=={PIN}",)
     assert "falling back to `pip install torch==" in capsys.readouterr().out
+
+
+def test_a_cpu_index_that_cannot_be_reached_is_not_tried(pip, monkeypatch, capsys):
+    """Where the index's host cannot be looked up, pip would retry it for every dependency: the
+    fallback is taken at once."""
+    _linux_without_gpu(monkeypatch)
+    pip.reachable = False
+    install_torch.ensure_torch("auto", ROOT / "requirements.txt")
+    assert pip.calls == [(f"torch=={PIN}",)]
+    assert "cannot be reached" in capsys.readouterr().out
+
+
+def test_index_reachable_answers_false_for_an_address_that_does_not_resolve():
+    assert install_torch.index_reachable("http://kvlib-no-such-host.invalid", timeout=5) is False
 
 
 def test_when_both_fail_the_error_says_what_to_do(pip, monkeypatch):
