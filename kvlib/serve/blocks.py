@@ -6,8 +6,8 @@ lists, in order, the blocks holding its tokens: token ``p`` lives in block
 ``block_table[p // block_size] * block_size + p % block_size`` (:meth:`BlockManager.slot`).
 
 Each block has a *reference count*, the number of sequences whose table holds it. With
-``prefix_caching=True`` every *full* block that has been computed is also registered under
-a key that names its tokens and everything before them::
+``prefix_caching=True`` every *full* block that has been computed, or is computed in the step
+being planned, is also registered under a key that names its tokens and everything before them::
 
     key_0 = sha256(b"" + bytes of block 0's tokens)
     key_i = sha256(key_{i-1} + bytes of block i's tokens)
@@ -126,6 +126,10 @@ class BlockManager:
     def is_cached(self, block: int) -> bool:
         """Whether ``block`` is registered in the prefix cache (it then is never written)."""
         return block in self._key_of
+
+    def key_of(self, block: int) -> bytes | None:
+        """The key ``block`` is registered under in the prefix cache, or None."""
+        return self._key_of.get(block)
 
     def blocks_for(self, n_tokens: int) -> int:
         """Blocks needed to hold ``n_tokens`` tokens: ``ceil(n_tokens / block_size)``."""
@@ -248,9 +252,16 @@ class BlockManager:
         seq.block_table.extend(self._take() for _ in range(need))
         return True
 
-    def commit(self, seq: Sequence) -> None:
-        """After a forward pass advanced ``seq.num_computed``: register in the prefix cache
-        every block of its table that is now full and not registered yet.
+    def commit(self, seq: Sequence, upto: int | None = None) -> None:
+        """Register in the prefix cache every block of ``seq``'s table that is full once its
+        first ``upto`` tokens are computed (default ``num_computed``) and is not registered yet.
+
+        The scheduler calls it with the tokens it has just planned for a newly admitted request
+        (as vLLM caches blocks when it allocates them), so that a request admitted after it in
+        the same step finds those blocks: the forward pass writes every new key and value of a
+        layer into the pool before any request of the step reads that layer
+        (:meth:`kvlib.serve.runner.PagedKV.attend`), so a block computed in the step is there
+        when the later request reads it. After the pass, ``commit(seq)`` registers the rest.
 
         A block whose key another block already holds (two sequences computed the same
         tokens at once) stays unregistered: the cache keeps the first, and this one is
@@ -259,7 +270,7 @@ class BlockManager:
         if not self.prefix_caching:
             return
         keys = self._seq_keys.setdefault(seq, [])
-        full = seq.num_computed // self.block_size
+        full = (seq.num_computed if upto is None else upto) // self.block_size
         if len(keys) >= full:
             return                                           # no block became full
         tokens = seq.tokens

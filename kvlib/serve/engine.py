@@ -99,7 +99,8 @@ class Engine:
         if not plan.items:
             return None
         logits = self.runner.step(plan.items)                      # item index -> (vocab,)
-        chosen = {i: int(self.sampler(row)) for i, row in logits.items()}
+        rows = torch.stack(list(logits.values())) if logits else None     # (choosing, vocab): one call
+        chosen = dict(zip(logits, self.sampler(rows).tolist())) if logits else {}
         return plan, self.scheduler.postprocess(plan, chosen)
 
     def serve(self, requests: Seq[Request], *, clock: Callable[[], float] | None = None, temperature: float = 0.0,

@@ -239,6 +239,7 @@ class Scheduler:
             if n:                                      # (0 in a static batch admitted beyond the budget)
                 plan.add(seq, n, "prefill")
                 budget = _charge("prefill", n, budget)
+                self.blocks.commit(seq, seq.num_computed + n)    # the next admitted request may share them
 
     def __repr__(self) -> str:
         return (f"Scheduler({self.policy}, max_batch={self.max_batch}, prefill_chunk={self.prefill_chunk}, "

@@ -84,6 +84,18 @@ def test_prefix_caching_on_equals_off_and_computes_less():
     assert on.cached_tokens > 0 and on.prefill_tokens == off.prefill_tokens - on.cached_tokens
 
 
+def test_requests_admitted_together_share_the_prefix_their_step_computes():
+    """As vLLM does: a request admitted after another in the same step takes the blocks that
+    step computes for the first (the pass writes a layer's keys and values before any request
+    reads them), so a shared prompt is computed once, not once per request."""
+    model = tiny_model(torch.float64)
+    system = list(range(1, 34))                                   # 33 tokens: 8 full blocks of 4
+    requests = [Request(system + [40 + i], 5) for i in range(4)]
+    report = serve(model, requests, max_batch=4, block_size=4, prefix_caching=True)
+    assert report.outputs == solo(model, requests)
+    assert report.cached == [0, 32, 32, 32] and report.timeline[0].prefill_tokens == 34 + 3 * 2
+
+
 def test_the_engine_keeps_its_cache_across_calls():
     """A second turn of a conversation reuses the blocks the first filled, its answer's included."""
     model = tiny_model(torch.float64)
