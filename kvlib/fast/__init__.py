@@ -7,6 +7,9 @@ whatever format the layers are stored (float, int8 or the native 4-bit layers). 
 step then makes 4 matrix products per layer instead of 7: fewer kernel calls, each on a
 larger matrix. The model computes the same function; only the order of a few roundings
 may change. The readable modules the notebooks teach are untouched.
+
+:func:`pack` (:mod:`.packed`) lays a float32 model's weights out once for oneDNN's matrix
+kernels, as vLLM's CPU build does: the serving comparison with vLLM runs kvlib's engine on it.
 """
 from __future__ import annotations
 
@@ -15,12 +18,14 @@ from .blocks import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 from .heads import TiedHead
+from .packed import PackedLinear, is_packed, pack, packing_unavailable
 from .switch import KernelSwitch
 
 CPP_WRAPPER = {"cpp_wrapper": True}      # Inductor calls the compiled step's kernels from C++, not Python
 
 __all__ = ["CPP_WRAPPER", "compile_fast_step", "fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
-           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear", "TiedHead"]
+           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear", "TiedHead", "PackedLinear", "pack",
+           "is_packed", "packing_unavailable"]
 
 
 def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:

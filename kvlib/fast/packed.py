@@ -1,0 +1,84 @@
+"""Dense float32 layers with their weights packed once for oneDNN, as vLLM's CPU build does.
+
+PyTorch's ``F.linear`` on the CPU calls the BLAS it was built with (MKL) on the weight as it is
+stored, for every call. vLLM's CPU build (``dispatch_cpu_unquantized_gemm`` in its
+``model_executor/layers/utils.py``) instead reorders each weight once, at load time, into the
+blocked layout oneDNN's matrix kernels read fastest, and calls oneDNN on it. PyTorch ships the same
+two steps: ``torch.ops.mkldnn._reorder_linear_weight`` (once) and
+``torch.ops.mkldnn._linear_pointwise`` (every call). The product is the same sum of the same
+float32 numbers; only the order of the additions, and so the last bits, may differ.
+
+:func:`pack` returns a copy of a float32 :class:`kvlib.Decoder` (plain or :func:`~kvlib.fast.fuse`'d)
+whose ``nn.Linear`` layers, and its tied output layer, are :class:`PackedLinear`. Where oneDNN is
+not in this PyTorch build, or the model is not a float32 model on the CPU, :func:`pack` says why
+and changes nothing.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..model import Decoder
+
+__all__ = ["PackedLinear", "pack", "packing_unavailable", "is_packed"]
+
+
+class PackedLinear(nn.Module):
+    """``F.linear(x, weight)`` (no bias) on a float32 weight ``(out, in)`` packed for oneDNN;
+    ``x`` ``(..., in)`` to ``(..., out)``. ``weight`` keeps the original, for ``state_dict`` and export."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
+            raise ValueError(f"PackedLinear takes a 2-d float32 weight on the CPU, got {weight.dtype} "
+                             f"{tuple(weight.shape)} on {weight.device}")
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed float32"
+
+
+def packing_unavailable(model: nn.Module) -> str | None:
+    """``None`` when :func:`pack` can pack ``model``; else why not, in a sentence."""
+    if not torch.backends.mkldnn.is_available():
+        return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    weight = next(model.parameters())
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return f"pack takes a float32 model on the CPU, got {weight.dtype} on {weight.device}"
+    return None
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether ``model`` holds :class:`PackedLinear` layers (made by :func:`pack`)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+@torch.no_grad()
+def pack(model: Decoder) -> Decoder:
+    """A copy of ``model`` whose ``nn.Linear`` layers and tied output layer are :class:`PackedLinear`
+    (the output layer shares nothing with the embedding any more: a second 4-byte copy of it);
+    ``model`` is left as it was. ValueError, saying why, where packing is unavailable
+    (:func:`packing_unavailable`) or ``model`` has an output layer of its own."""
+    if not isinstance(model, Decoder):
+        raise TypeError(f"pack takes a kvlib.Decoder, got {type(model).__name__}")
+    why = packing_unavailable(model)
+    if why:
+        raise ValueError(f"cannot pack this model: {why}; use it as it is")
+    if model.lm_head is not None:
+        raise ValueError("this model already has an output layer of its own (quantized, or packed): pack the "
+                         "float32 model it came from")
+    out = copy.deepcopy(model)
+    for module in list(out.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and child.bias is None:
+                setattr(module, name, PackedLinear(child.weight))
+    out.lm_head = PackedLinear(out.embed.weight)                   # (vocab, d_model): the tied embedding
+    return out.eval()
