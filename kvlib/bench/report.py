@@ -9,8 +9,8 @@ __all__ = ["to_markdown", "goals_markdown"]
 
 def to_markdown(result: dict) -> str:
     """The results as a markdown table plus the facts needed to read it (``bench.md``, the appendix's page)."""
-    sections = [_timings, _formats, _kernel_choice, _batched, _peer, _bandwidth, _ratios, _compile_note, _profile,
-                _profile_fast]
+    sections = [_timings, _formats, _kernel_choice, _batched, _peer, _serving, _bandwidth, _ratios, _compile_note,
+                _profile, _profile_fast]
     lines = [line for section in sections for line in section(result)]
     return "\n".join(lines) + "\n"
 
@@ -140,6 +140,31 @@ def _peer(result: dict) -> list[str]:
                     "file (Q4_1 layers, a Q8_0 embedding), with the same threads, greedy, its own KV cache "
                     "reset before every run." + _peer_setting(peer.get("setting"))]
     return []
+
+
+def _serving(result: dict) -> list[str]:
+    """kvlib's engine beside vLLM on the serving streams, or why there is no such table; none when
+    the result says nothing of serving (a run from before it existed)."""
+    serving = result.get("serving")
+    if not serving:
+        return []
+    if serving.get("missing"):
+        return ["", f"No vLLM rows: {serving['missing']}."]
+    lines = ["", f"Serving, kvlib's `Engine` beside vLLM {serving['vllm']} (`kvlib.bench.serving_peer`, the page "
+                 "\"From kvlib to vLLM\"): the same float32 weights, the same streams, greedy, the same block size, "
+                 f"batch limit and prefix caching; the median of {serving['repeats']} timed runs per engine. `kvlib`: "
+                 "the model as loaded; `kvlib_fast`: its matrices fused and packed for oneDNN, as vLLM's CPU build "
+                 "does.", "",
+             "| stream | engine | kvlib tok/s | vLLM tok/s | kvlib / vLLM | first token, median (kvlib / vLLM) | "
+             "from the prefix cache (kvlib / vLLM) | answers identical to vLLM's |", "|---|---|---:|---:|---:|---|---|---|"]
+    rows = {(r["stream"], r["engine"]): r for r in serving["rows"]}
+    for name, (same, total) in serving["identical"].items():
+        stream, engine = name.split("/")
+        a, b = rows[(stream, engine)], rows[(stream, "vllm")]
+        lines.append(f"| {stream} | {engine} | {a['tokens_per_s']:.1f} | {b['tokens_per_s']:.1f} | "
+                     f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}× | {fmt_seconds(a['ttft_median'])} / "
+                     f"{fmt_seconds(b['ttft_median'])} | {a['hit_rate']:.0%} / {b['hit_rate']:.0%} | {same} of {total} |")
+    return lines
 
 
 def _peer_setting(setting: dict | None) -> str:

@@ -181,7 +181,7 @@ def profile_decode_step(model, context_len: int = 300, steps: int = 10, compile:
 
 def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: int | None = None,
         progress: bool = True, compile: bool = True, formats: bool = True, peer: bool = True,
-        compile_formats: bool = False, batched: bool = True, quality_tokens: int = 1024) -> dict:
+        compile_formats: bool = False, batched: bool = True, quality_tokens: int = 1024, serving: bool = True) -> dict:
     """Run the whole benchmark and return its results as a JSON-ready dict.
 
     ``formats``: also time kvlib in bfloat16, int8, the native 4-bit model and the fast path
@@ -190,7 +190,9 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     ``quality_tokens`` tokens of the evaluation text; with ``compile``, the fast path compiled
     too. ``compile_formats``: also compile each other format (a minute or more each).
     ``peer``: also time llama.cpp on the same file, when it is installed. ``batched``: also
-    decode 1, 8 and 32 sequences together (:mod:`kvlib.bench.batched`).
+    decode 1, 8 and 32 sequences together (:mod:`kvlib.bench.batched`). ``serving``: also serve
+    the serving streams on kvlib's engine and on vLLM, when ``make peer-vllm`` has installed it
+    (:mod:`kvlib.bench.serving_peer`).
     """
     if threads:
         torch.set_num_threads(threads)
@@ -208,6 +210,7 @@ def run(n_new: int = 48, repeats: int = 3, repeats_uncached: int = 1, threads: i
     if batched:
         bench.time_batched()
     bench.profile()
+    bench.time_serving(serving)
     return bench.summary(quality_tokens)
 
 
@@ -234,6 +237,7 @@ class _Bench:
         self.compile_seconds_fast: float | None = None
         self.new_process: dict | None = None
         self.profiles: dict[str, dict] = {}
+        self.serving: dict | None = None
 
     def load(self) -> None:
         """Measure the memory bandwidth, load the model in kvlib and transformers, time the weight-read floor."""
@@ -379,6 +383,21 @@ class _Bench:
             if self.peer_missing is None:
                 self.batched_rows.append(time_peer_batched(self.llm, prompts, 32))
 
+    def time_serving(self, serving: bool) -> None:
+        """kvlib's engine and vLLM on the same request streams, when ``serving`` and vLLM is installed."""
+        from .serving_peer import default_model_dir, run as run_serving, summary, vllm_missing
+
+        missing = vllm_missing() if serving else "not asked for (--no-serving)"
+        if missing:
+            self.say(f"no vLLM rows: {missing}")
+            self.serving = {"missing": missing}
+            return
+        self.say("serving the request streams on kvlib's engine and on vLLM (a few minutes) ...")
+        record = run_serving(self.model, self.tok, self.path, default_model_dir(), torch.get_num_threads(), self.say)
+        self.serving = {"vllm": record["vllm"]["vllm"], "rows": summary(record), "repeats": record["repeats"],
+                        "identical": {f"{s['name']}/{key}": [sum(t["identical"] for t in found), len(found)]
+                                      for s in record["streams"] for key, found in s["tokens"].items()}}
+
     def profile(self) -> None:
         """Profile one decode step after the prompt: float32 eager, the native 4-bit model eager,
         and kvlib's fastest path (the fast path, compiled when it was)."""
@@ -433,6 +452,7 @@ class _Bench:
             "quality": self.quality,
             "quality_tokens": quality_tokens,
             "batched": [r.as_dict() for r in self.batched_rows],
+            "serving": self.serving,
             "goals": goals(self.rows, self.batched_rows, self.format_floors,
                            self.new_process and self.new_process["first_compiled_call_seconds"], self.profiles),
             "answer": self.tok.decode(reference_tokens),
@@ -530,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-formats", action="store_true", help="skip kvlib's bfloat16, int8 and 4-bit rows")
     parser.add_argument("--no-peer", action="store_true", help="skip llama.cpp even when it is installed")
     parser.add_argument("--no-batched", action="store_true", help="skip batched decode at 1, 8 and 32 sequences")
+    parser.add_argument("--no-serving", action="store_true", help="skip the serving streams on vLLM even when installed")
     parser.add_argument("--compile-formats", action="store_true",
                         help="also compile every other format (several minutes each)")
     parser.add_argument("--out", type=Path, default=Path("_build/bench"),
@@ -537,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.new_tokens, args.repeats, args.repeats_uncached, args.threads, compile=not args.no_compile,
                  formats=not args.no_formats, peer=not args.no_peer, compile_formats=args.compile_formats,
-                 batched=not args.no_batched)
+                 batched=not args.no_batched, serving=not args.no_serving)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     md, goals_md = to_markdown(result), goals_markdown(result)

