@@ -12,7 +12,8 @@ from typing import Mapping, Sequence
 from ..measure.experiments import BatchPoint
 from ..measure.timing import fmt_seconds
 from ..serve.report import ServeReport
-from .html import BUILT_HERE, CACHED, UNCACHED, html_table, slider_stack, widget_box
+from .html import BUILT_HERE, CACHED, UNCACHED, html_table, link_index, slider_stack, widget_box
+from .html import stack as html_stack
 
 __all__ = ["WORK_COLOURS", "render_batch_view", "batch_size_widget", "lanes", "timeline_svg", "timeline_widget",
            "plot_timeline"]
@@ -159,8 +160,8 @@ def timeline_widget(reports: Mapping[str, ServeReport]):
                                   f'<b>{html.escape(name)}</b> ({BUILT_HERE})<br>{timeline_svg(r, until=end)}'
                                   f'{html_table(rows, ["", ""])}</div>'))
     buttons = widgets.ToggleButtons(options=[(name, i) for i, name in enumerate(reports)], index=0)
-    stack = widgets.Stack(views, selected_index=0)
-    links = [widgets.jslink((buttons, "index"), (stack, "selected_index"))]
+    stack = html_stack(views, selected_index=0)
+    links = [link_index(buttons, stack)]
     box = widget_box([buttons, stack], f"timeline_widget({', '.join(reports)})", links)
     box.stack, box.buttons = stack, buttons
     return box

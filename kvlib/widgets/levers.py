@@ -14,7 +14,8 @@ from typing import Sequence
 from ..cache.model_shapes import MODEL_SHAPES
 from ..measure.levers import ROOFLINE_SECTIONS, Scenario, fmt_gb, levers, scenario_notes
 from ..measure.roofline import REFERENCE_ACCELERATORS
-from .html import widget_box
+from .html import html_style, link_index, widget_box
+from .html import stack as html_stack
 
 __all__ = ["LEVER_USERS", "LEVER_CONTEXTS", "SHARED_PREFIX", "ALPHAS", "DRAFTS", "PREFIXES", "render_levers_view",
            "levers_widget", "assumptions_widget"]
@@ -124,7 +125,7 @@ def _stacks(widgets, levels: list[tuple], view) -> tuple:
     with ``chosen`` a value of every level in that order, returns ``(key, html)``. Returns the
     outermost stack, the views by key, and the links."""
     links, views = [], {}
-    leaf_layout, leaf_style = widgets.Layout(), widgets.widget_string.HTMLStyle()   # shared: a smaller page
+    leaf_layout, leaf_style = widgets.Layout(), html_style()   # shared: a smaller page
     row = widgets.Layout(width="auto")
 
     def build(depth: int, chosen: tuple):
@@ -133,8 +134,8 @@ def _stacks(widgets, levels: list[tuple], view) -> tuple:
             views[key] = leaf = widgets.HTML(text, layout=leaf_layout, style=leaf_style)
             return leaf
         control, values, selected = levels[depth]
-        stack = widgets.Stack([build(depth + 1, chosen + (v,)) for v in values], selected_index=selected, layout=row)
-        links.append(widgets.jslink((control, "index"), (stack, "selected_index")))
+        stack = html_stack([build(depth + 1, chosen + (v,)) for v in values], selected_index=selected, layout=row)
+        links.append(link_index(control, stack))
         return stack
 
     return build(0, ()), views, links

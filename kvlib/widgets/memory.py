@@ -17,7 +17,8 @@ import torch
 from ..cache.model_shapes import MODEL_SHAPES
 from ..cache.sizes import bytes_per_number, crossover_tokens, kv_cache_bytes, weight_bytes
 from ..measure.memory import fmt_bytes
-from .html import widget_box
+from .html import html_style, link_index, widget_box
+from .html import stack as html_stack
 
 __all__ = ["MemoryPoint", "memory_point", "render_memory_view", "memory_calculator_widget",
            "CALCULATOR_CONTEXTS", "CALCULATOR_BATCHES", "CALCULATOR_DTYPES"]
@@ -174,7 +175,7 @@ def _view_stacks(widgets, levels: list[tuple], shapes: Mapping, dtype_of: Mappin
     stack, the views by (model, context, batch, dtype name), and the links."""
     row = widgets.Layout(width="auto")
     links = []
-    leaf_layout, leaf_style = widgets.Layout(), widgets.widget_string.HTMLStyle()   # shared by every view: a smaller page
+    leaf_layout, leaf_style = widgets.Layout(), html_style()   # shared by every view: a smaller page
     views: dict[tuple[str, int, int, str], object] = {}
 
     def build(depth: int, chosen: tuple):
@@ -185,9 +186,8 @@ def _view_stacks(widgets, levels: list[tuple], shapes: Mapping, dtype_of: Mappin
             views[(name, context, batch, dname)] = view
             return view
         control, values, selected = levels[depth]
-        stack = widgets.Stack([build(depth + 1, chosen + (v,)) for v in values], selected_index=selected,
-                              layout=row)
-        links.append(widgets.jslink((control, "index"), (stack, "selected_index")))
+        stack = html_stack([build(depth + 1, chosen + (v,)) for v in values], selected_index=selected, layout=row)
+        links.append(link_index(control, stack))
         return stack
 
     return build(0, ()), views, links

@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from .html import CACHED, UNCACHED, html_table, widget_box
+from .html import CACHED, UNCACHED, html_table, link_index, widget_box
+from .html import stack as html_stack
 
 __all__ = ["GridPoint", "grid_point", "render_grid_view", "quant_grid_widget"]
 
@@ -94,11 +95,11 @@ def quant_grid_widget(weight: torch.Tensor, name: str, bits: Sequence[int] = (2,
                                     index=0, style={"button_width": "110px"})
     links, inner = [], []
     for b in bits:
-        stack = widgets.Stack([widgets.HTML(render_grid_view(points[(b, g)], name)) for g in groups], selected_index=0)
-        links.append(widgets.jslink((buttons, "index"), (stack, "selected_index")))
+        stack = html_stack([widgets.HTML(render_grid_view(points[(b, g)], name)) for g in groups], selected_index=0)
+        links.append(link_index(buttons, stack))
         inner.append(stack)
-    outer = widgets.Stack(inner, selected_index=slider.index)
-    links.append(widgets.jslink((slider, "index"), (outer, "selected_index")))
+    outer = html_stack(inner, selected_index=slider.index)
+    links.append(link_index(slider, outer))
     box = widget_box([slider, buttons, outer], f"quant_grid_widget({len(bits)} bit widths × {len(groups)} groupings)", links)
     box.stack, box.slider, box.buttons, box.points = outer, slider, buttons, points
     return box
