@@ -99,7 +99,7 @@ PHASES := _build/test-phases.tsv
 phase = start=$$(date +%s); $(2) || exit $$?; printf '%s\t%s\n' "$(1)" $$(( $$(date +%s) - start )) >> $(PHASES)
 
 test: setup model
-	@mkdir -p _build && : > $(PHASES)
+	@mkdir -p _build && : > $(PHASES) && rm -rf _build/notebook-memory
 	@$(call phase,1 pytest,$(PY) -m pytest -m "not package")
 	@$(call phase,2 notebooks (other roundings) + student edition + package,$(MAKE) --no-print-directory test-pool)
 	@$(call phase,3 book in Chromium,$(MAKE) --no-print-directory test-browser)
@@ -129,10 +129,13 @@ student-check: setup model
 package-test: setup model
 	$(PY) -m pytest -q -p no:cacheprovider -m package tests/book_build/test_package.py
 
-## test-times: the wall time of each phase of the last `make test`.
+## test-times: the wall time of each phase of the last `make test`, and each notebook's peak memory.
+## (The peak: the most resident memory its kernel reached under nbval; conftest.py fails a run past 2 GiB.)
 test-times:
 	@awk -F'\t' '{ printf "  %-60s %3d min %02d s\n", $$1, $$2 / 60, $$2 % 60; t += $$2 } \
 	  END { printf "  %-60s %3d min %02d s\n", "make test, in all", t / 60, t % 60 }' $(PHASES)
+	@for f in _build/notebook-memory/*.txt; do [ -f "$$f" ] || continue; \
+	  awk -v name="$$(basename $$f .txt)" '{ printf "  peak memory of %-45s %6.2f GiB\n", name, $$1 / 2^30 }' "$$f"; done
 
 ## test-browser: build the book (book-static), then check every page in Chromium, offline.
 ## (tests/browser: no request leaves 127.0.0.1, no error, widgets alive, solutions hidden.)

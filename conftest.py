@@ -7,13 +7,44 @@ once, one thread each), whose progress bars send hundreds of widget updates, can
 and nbval then fails a cell whose outputs were right ("Timeout of 5 seconds exceeded waiting
 for output"). The notebooks' cells wait for outputs up to NBVAL_OUTPUT_TIMEOUT seconds instead;
 a cell that never finishes still stops at nbval's cell timeout.
+
+Binder gives a notebook 2 GB of memory. After a notebook run, the largest resident memory any
+of its kernels reached (the operating system's own count, ``RUSAGE_CHILDREN``) is written to
+``_build/notebook-memory/`` and checked against :data:`NOTEBOOK_MEMORY_LIMIT`: a notebook that
+grows past it fails the run, saying which and by how much (``make test`` runs one notebook per
+process, so each figure is one notebook's).
 """
 from __future__ import annotations
 
+import os
+import resource
+from pathlib import Path
+
 NBVAL_OUTPUT_TIMEOUT = 120
+# Binder's 2 GB, as bytes of resident memory (KVLIB_NOTEBOOK_MEMORY_LIMIT: another, for the check's own test)
+NOTEBOOK_MEMORY_LIMIT = int(os.environ.get("KVLIB_NOTEBOOK_MEMORY_LIMIT", 2 * 1024 ** 3))
+MEMORY_REPORTS = Path(__file__).resolve().parent / "_build" / "notebook-memory"
 
 
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if hasattr(item, "output_timeout"):          # nbval's IPyNbCell
             item.output_timeout = NBVAL_OUTPUT_TIMEOUT
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """After a notebook run: record the peak resident memory of its kernels and fail the run if it
+    passed Binder's 2 GB."""
+    if not getattr(session.config.option, "nbval", False) and not getattr(session.config.option, "nbval_lax", False):
+        return
+    notebooks = sorted({Path(str(item.fspath)).stem for item in session.items if hasattr(item, "output_timeout")})
+    if not notebooks:
+        return
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024        # KiB on Linux
+    MEMORY_REPORTS.mkdir(parents=True, exist_ok=True)
+    (MEMORY_REPORTS / f"{'+'.join(notebooks)[:120]}.txt").write_text(f"{peak}\n")
+    if peak > NOTEBOOK_MEMORY_LIMIT:
+        print(f"\nerror: the kernel of {', '.join(notebooks)} reached {peak / 2**30:.2f} GiB of resident memory, "
+              f"more than Binder's {NOTEBOOK_MEMORY_LIMIT / 2**30:.2f} GiB: make its heaviest cell scale itself to "
+              "the memory there is, and say so, or skip it with a message")
+        session.exitstatus = 1

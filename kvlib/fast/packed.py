@@ -8,8 +8,9 @@ two steps: ``torch.ops.mkldnn._reorder_linear_weight`` (once) and
 ``torch.ops.mkldnn._linear_pointwise`` (every call). The product is the same sum of the same
 float32 numbers; only the order of the additions, and so the last bits, may differ.
 
-:func:`pack` returns a copy of a float32 :class:`kvlib.Decoder` (plain or :func:`~kvlib.fast.fuse`'d)
-whose ``nn.Linear`` layers, and its tied output layer, are :class:`PackedLinear`. Where oneDNN is
+:func:`pack` returns a copy of a float32 :class:`kvlib.Decoder` (plain, :func:`~kvlib.fast.fuse`'d, or
+fused on the way with ``fused=True``) whose ``nn.Linear`` layers, and its tied output layer, are
+:class:`PackedLinear`. Where oneDNN is
 not in this PyTorch build, or the model is not a float32 model on the CPU, :func:`pack` says why
 and changes nothing.
 """
@@ -21,13 +22,15 @@ import torch
 from torch import nn
 
 from ..model import Decoder
+from .fused import FusedAttention, FusedMLP
 
-__all__ = ["PackedLinear", "pack", "packing_unavailable", "is_packed"]
+__all__ = ["PackedLinear", "pack", "pack_linears", "packing_unavailable", "is_packed"]
 
 
 class PackedLinear(nn.Module):
     """``F.linear(x, weight)`` (no bias) on a float32 weight ``(out, in)`` packed for oneDNN;
-    ``x`` ``(..., in)`` to ``(..., out)``. ``weight`` keeps the original, for ``state_dict`` and export."""
+    ``x`` ``(..., in)`` to ``(..., out)``. Only the packed copy is kept (``packed``), not the weight
+    as it was: a packed model holds its weights once."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
@@ -35,9 +38,7 @@ class PackedLinear(nn.Module):
             raise ValueError(f"PackedLinear takes a 2-d float32 weight on the CPU, got {weight.dtype} "
                              f"{tuple(weight.shape)} on {weight.device}")
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None),
-                             persistent=False)
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
@@ -61,12 +62,23 @@ def is_packed(model: nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
+def pack_linears(module: nn.Module) -> None:
+    """Replace, in place, every ``nn.Linear`` without a bias under ``module`` by a :class:`PackedLinear`."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.bias is None:
+                setattr(parent, name, PackedLinear(child.weight))
+
+
 @torch.no_grad()
-def pack(model: Decoder) -> Decoder:
-    """A copy of ``model`` whose ``nn.Linear`` layers and tied output layer are :class:`PackedLinear`
-    (the output layer shares nothing with the embedding any more: a second 4-byte copy of it);
-    ``model`` is left as it was. ValueError, saying why, where packing is unavailable
-    (:func:`packing_unavailable`) or ``model`` has an output layer of its own."""
+def pack(model: Decoder, *, fused: bool = False) -> Decoder:
+    """A copy of ``model`` whose ``nn.Linear`` layers and tied output layer are :class:`PackedLinear`,
+    with ``fused=True`` fused first (:class:`~kvlib.fast.FusedAttention`, :class:`~kvlib.fast.FusedMLP`);
+    ``model`` is left as it was. The copy's other parameters (the embedding, the norms) are
+    ``model``'s own tensors, shared, not copied; its output layer is a packed copy of the embedding.
+    Each layer is fused and packed in turn, so a model's worth of copies is never held at once.
+    ValueError, saying why, where packing is unavailable (:func:`packing_unavailable`) or ``model``
+    has an output layer of its own."""
     if not isinstance(model, Decoder):
         raise TypeError(f"pack takes a kvlib.Decoder, got {type(model).__name__}")
     why = packing_unavailable(model)
@@ -75,10 +87,11 @@ def pack(model: Decoder) -> Decoder:
     if model.lm_head is not None:
         raise ValueError("this model already has an output layer of its own (quantized, or packed): pack the "
                          "float32 model it came from")
-    out = copy.deepcopy(model)
-    for module in list(out.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.bias is None:
-                setattr(module, name, PackedLinear(child.weight))
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    out = copy.deepcopy(model, memo=shared)                        # new modules, the same tensors
+    for block in out.blocks:
+        if fused and not isinstance(block.attn, FusedAttention):
+            block.attn, block.mlp = FusedAttention(block.attn), FusedMLP(block.mlp)
+        pack_linears(block)
     out.lm_head = PackedLinear(out.embed.weight)                   # (vocab, d_model): the tied embedding
     return out.eval()

@@ -37,12 +37,16 @@ def test_a_packed_layer_that_ignored_its_weight_is_caught():
 
 
 @needs_onednn
-@pytest.mark.parametrize("fused", [False, True])
-def test_a_packed_model_chooses_the_same_tokens_and_leaves_the_original_alone(fused):
+@pytest.mark.parametrize("how", ["plain", "fused first", "fused on the way"])
+def test_a_packed_model_chooses_the_same_tokens_and_leaves_the_original_alone(how):
     model = tiny_model()
-    source = fuse(model) if fused else model
-    packed = pack(source)
+    source = fuse(model) if how == "fused first" else model
+    before = {k: v.clone() for k, v in source.state_dict().items()}
+    packed = pack(source, fused=how == "fused on the way")
     assert is_packed(packed) and not is_packed(source) and source.lm_head is None
+    assert all(torch.equal(v, before[k]) for k, v in source.state_dict().items())
+    assert packed.embed.weight is source.embed.weight                # shared, not copied
+    assert kvlib.fast.is_fused(packed) == (how != "plain")
     assert not any(type(m) is torch.nn.Linear for m in packed.modules())
     ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8, 9, 7]])
     with torch.no_grad():
