@@ -151,8 +151,9 @@ def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     and v in one matrix, gate and up in another (:func:`kvlib.fast.fuse`, vLLM's ``qkv_proj`` and
     ``gate_up_proj``), every weight packed once for oneDNN (:func:`kvlib.fast.packed.pack`, vLLM's
     ``dispatch_cpu_unquantized_gemm``) where this PyTorch has oneDNN. The same float32 numbers."""
-    if packing_unavailable(model):
-        return fuse(model), f"fused; not packed: {packing_unavailable(model)}"
+    why = packing_unavailable(model)
+    if why:
+        return fuse(model), f"fused; not packed: {why}"
     return pack(model, fused=True), "fused, packed for oneDNN"
 
 
