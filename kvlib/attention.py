@@ -80,14 +80,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, *,
-              window: int | None = None, sinks: int = 0, dense: bool = False) -> torch.Tensor:
+              window: int | None = None, sinks: int = 0, dense: bool = False,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
     """What each query's attention returns, ``(batch, heads, q_len, head_dim)``, by the rule of
     :func:`visible`, with PyTorch's fused kernel.
 
     ``q`` ``(batch, heads, q_len, head_dim)``, ``k`` and ``v`` ``(batch, kv_heads, k_len, head_dim)``.
     ``dense=True`` is a promise that every row's queries are the last ``q_len`` of its ``k_len``
     keys (one sequence, or rows of one length): the mask is then the plain causal triangle,
-    which needs no tensor, and one new token needs none at all.
+    which needs no tensor, and one new token needs none at all. ``mask``: ``visible(q_pos, k_pos,
+    window, sinks)`` already computed (a serving step's layers all use the same one).
     """
     q_len, k_len = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
@@ -100,7 +102,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Te
         return out.view(b, q.shape[1], 1, hd)
     if dense and window is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    mask = visible(q_pos, k_pos, window, sinks)                   # (batch, 1, q_len, k_len)
+    if mask is None:
+        mask = visible(q_pos, k_pos, window, sinks)               # (batch, 1, q_len, k_len)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -131,6 +132,29 @@ def _weights_are_static(model: torch.nn.Module) -> None:
         torch._dynamo.mark_static(tensor)
 
 
+def compiled_function(fn: Callable[..., torch.Tensor], model: torch.nn.Module, *, what: str,
+                      options: dict | None = None, fallback: str = "") -> Callable[..., torch.Tensor]:
+    """``torch.compile(fn, dynamic=True)`` for a function whose first argument is ``model``, with
+    :data:`COMPILE_OPTIONS` (and ``options`` on top), ``model``'s weights marked static and the code
+    kept in :func:`compile_cache_dir`. Calling it compiles the first time; where the compiler fails
+    (most often: no C++ compiler for the CPU), a RuntimeError names ``what`` could not be compiled,
+    why, and then ``fallback`` (what to do instead)."""
+    missing = compiler_missing(model.device)
+    if missing:
+        raise RuntimeError(missing)
+    _weights_are_static(model)
+    # dynamic=True: one compiled graph serves every position, length and batch size.
+    compiled = torch.compile(fn, dynamic=True, options={**COMPILE_OPTIONS, **(options or {})})
+
+    def call(*args: Any) -> torch.Tensor:
+        try:
+            return compiled(*args)
+        except _compile_errors() as err:
+            raise RuntimeError(f"torch.compile could not compile {what} ({type(err).__name__}: {str(err)[:300]}). "
+                               f"On a CPU it needs a working C++ compiler (gcc or clang). {fallback}".rstrip()) from err
+    return call
+
+
 class CompiledDecodeStep:
     """``step(ids, cache)``: what ``model(ids, cache, last_only=True)`` returns, for one new token, compiled.
 
@@ -146,10 +170,8 @@ class CompiledDecodeStep:
         self.options = dict(options or {})
         self.compile_seconds: float | None = None
         self.announce = False
-        compile_cache_dir()
-        _weights_are_static(model)
-        # dynamic=True: one compiled graph serves every position, cache length and batch size.
-        self._fn = torch.compile(_decode_one_token, dynamic=True, options={**COMPILE_OPTIONS, **self.options})
+        self._fn = compiled_function(_decode_one_token, model, what="the decode step", options=self.options,
+                                     fallback="Use compile=False (the default) to decode without it.")
 
     def __call__(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if ids.dim() != 2 or ids.shape[1] != 1:
@@ -161,14 +183,8 @@ class CompiledDecodeStep:
             print("compiling the decode step (the first time on a machine: a minute or more; "
                   f"the code is kept in {compile_cache_dir()}) ...", flush=True)
         start = time.perf_counter()
-        try:
-            with _cache_sizes_are_dynamic():
-                logits = self._fn(self.model, ids, cache.positions(1), cache.end(1), cache)
-        except _compile_errors() as err:   # most often: no C++ compiler for the CPU backend
-            raise RuntimeError(
-                f"torch.compile could not compile the decode step ({type(err).__name__}: {str(err)[:300]}). "
-                "On a CPU it needs a working C++ compiler (gcc or clang). Use compile=False "
-                "(the default) to decode without it.") from err
+        with _cache_sizes_are_dynamic():
+            logits = self._fn(self.model, ids, cache.positions(1), cache.end(1), cache)
         if first:
             self.compile_seconds = time.perf_counter() - start
             if self.announce:
@@ -187,9 +203,6 @@ def compiled_decode_step(model: torch.nn.Module, *, options: dict | None = None)
     """
     step = model.__dict__.get("_compiled_decode_step")
     if step is None:
-        missing = compiler_missing(model.device)
-        if missing:
-            raise RuntimeError(missing)
         step = model.__dict__["_compiled_decode_step"] = CompiledDecodeStep(model, options)
     elif options is not None and dict(options) != step.options:
         raise ValueError(f"this model's compiled step was made with options {step.options}; a model keeps one "

@@ -85,12 +85,11 @@ def test_a_failing_compiler_gives_a_clear_error(model, monkeypatch):
 
     from kvlib.compiled import CompiledDecodeStep
 
-    step = CompiledDecodeStep(model)
-
     def no_compiler(*args, **kwargs):
         raise InductorError(RuntimeError("Failed to find a C++ compiler"), "")
 
-    monkeypatch.setattr(step, "_fn", no_compiler)
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: no_compiler)
+    step = CompiledDecodeStep(model)
     with pytest.raises(RuntimeError, match=r"needs a working C\+\+ compiler .* compile=False"):
         step(torch.tensor([[1]]), KVCache.for_model(model, max_len=4))
 

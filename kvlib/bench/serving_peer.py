@@ -10,9 +10,10 @@ here; token ids go between them as JSON, so both engines read the same prompts.
 Both engines hold the same float32 weights: :func:`export_hf` writes kvlib's own weights
 (the GGUF file's 4-bit weights, dequantized once) to a Hugging Face folder, unrounded, and the
 worker checks that folder's logits against kvlib's before anything is timed. kvlib's engine
-serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, and on
-:func:`fast_float32`'s copy of it, whose matrices are laid out as vLLM's CPU build lays out its
-own (the same numbers, fused and packed for oneDNN). Each stream runs on each engine with the
+serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, eager, and
+as vLLM's CPU build runs its own: :func:`fast_float32`'s copy, whose matrices are laid out as vLLM
+lays out its own (the same numbers, fused and packed for oneDNN), its forward pass compiled with
+attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`). Each stream runs on each engine with the
 same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
 :class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
 (the run of median time is kept); every request writes exactly ``max_tokens`` tokens (EOS
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
 from ..fast import fuse
@@ -41,7 +43,7 @@ from ..paths import cache_dir
 from ..serve import Engine, Request, ServeReport
 
 __all__ = ["BLOCK_SIZE", "STEP_TOKENS", "REPEATS", "VLLM_ENV", "KVLIB_ENGINES", "ENGINES", "Stream", "default_model_dir",
-           "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "run_kvlib",
+           "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "kvlib_engines", "run_kvlib",
            "run_vllm", "compare_tokens", "run", "summary", "main"]
 
 BLOCK_SIZE = 32           # vLLM's CPU attention wants a multiple of 32
@@ -53,9 +55,9 @@ REPEATS = 3               # timed runs of each stream on each engine: the median
 # pinned to cores (as kvlib's are not), its KV pool 1 GiB (20,000 tokens of this model).
 VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # kvlib's two ways of serving the streams, by their keys in the record: the Engine on the model as
-# the chapter loads it, and on fast_float32's copy of it.
-KVLIB_ENGINES = {"kvlib": "kvlib's Engine, the model as loaded (F.linear: PyTorch's BLAS)",
-                 "kvlib_fast": "kvlib's Engine, kvlib.fast's float32 layout (fused, packed for oneDNN, as vLLM)"}
+# the chapter loads it, eager; and on fast_float32's copy of it, its pass compiled (kvlib_engines).
+KVLIB_ENGINES = {"kvlib": "kvlib's Engine, the model as loaded (F.linear: PyTorch's BLAS), eager",
+                 "kvlib_fast": "kvlib's Engine as vLLM runs its model: fused, packed for oneDNN, compiled"}
 ENGINES = (*KVLIB_ENGINES, "vllm")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,13 +159,23 @@ def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     return pack(model, fused=True), "fused, packed for oneDNN"
 
 
+def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Module, bool]], str]:
+    """The model and the ``compile`` setting of each of :data:`KVLIB_ENGINES`, and what was done for
+    ``kvlib_fast`` (:func:`fast_float32`'s layout; compiled where a C++ compiler is found, else why not)."""
+    fast, layout = fast_float32(model)
+    missing = compiler_missing()
+    layout += "; compiled" if missing is None else f"; not compiled: {missing}"
+    return {"kvlib": (model, False), "kvlib_fast": (fast, missing is None)}, layout
+
+
 @torch.no_grad()
-def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS) -> dict:
-    """``stream`` on kvlib's :class:`~kvlib.serve.Engine`: a warm-up, then ``repeats`` timed runs, each on
-    a fresh engine (an empty prefix cache); the run of median time, with every run's time."""
+def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, compile: bool = False) -> dict:
+    """``stream`` on kvlib's :class:`~kvlib.serve.Engine` (``compile``: its pass compiled): a warm-up (which
+    compiles), then ``repeats`` timed runs, each on a fresh engine (an empty prefix cache); the run of
+    median time, with every run's time."""
     def engine() -> Engine:
         return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, prefill_chunk=STEP_TOKENS,
-                      prefix_caching=stream.prefix_caching)
+                      prefix_caching=stream.prefix_caching, compile=compile)
 
     requests = [Request(p, stream.max_tokens) for p in stream.prompts]
     engine().serve(requests[:stream.max_batch])
@@ -224,13 +236,12 @@ def run(model: torch.nn.Module, tokenizer, gguf_path: Path, model_dir: Path, thr
         torch.save(model(torch.tensor([check_prompt]))[0], logits_path)
         say("vLLM: start-up, warm-up and both streams (several minutes on 2 cores the first time)")
         theirs = run_vllm(stream_list, model_dir, threads, {"prompt": check_prompt, "logits": str(logits_path)})
-    fast, layout = fast_float32(model)
-    models = {"kvlib": model, "kvlib_fast": fast}
+    models, layout = kvlib_engines(model)
     ours = {}
     for stream in stream_list:
-        for key, m in models.items():
+        for key, (m, compile) in models.items():
             say(f"{KVLIB_ENGINES[key]}: {stream.name}")
-            ours[stream.name, key] = run_kvlib(m, stream)
+            ours[stream.name, key] = run_kvlib(m, stream, compile=compile)
     record = {"machine": f"{cpu_name()} ({vector_instructions()})", "threads": threads, "repeats": REPEATS,
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "kvlib_dtype": str(model.dtype),
               "compute_dtype": str(compute_dtype()), "block_size": BLOCK_SIZE, "step_tokens": STEP_TOKENS,

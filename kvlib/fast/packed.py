@@ -24,7 +24,21 @@ from torch import nn
 from ..model import Decoder
 from .fused import FusedAttention, FusedMLP
 
-__all__ = ["PackedLinear", "pack", "pack_linears", "packing_unavailable", "is_packed"]
+__all__ = ["PackedLinear", "packed_linear", "pack", "pack_linears", "packing_unavailable", "is_packed"]
+
+
+@torch.library.custom_op("kvlib::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """oneDNN's product of ``x`` ``(..., in)`` with a weight :class:`PackedLinear` packed: ``(..., out_features)``.
+    An operator of its own for ``torch.compile``, which calls it as it is (as vLLM's compiled model
+    calls its oneDNN products), where Inductor's own lowering of oneDNN's operator wants the
+    number of rows fixed."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 class PackedLinear(nn.Module):
@@ -41,6 +55,8 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():           # traced: an operator of its own (packed_linear)
+            return packed_linear(x, self.packed, self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
 
     def extra_repr(self) -> str:

@@ -33,6 +33,8 @@ import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence as ListLike
 
+import torch
+
 from ..cache.paging import blocks_for
 from ..checks import non_negative_int, optional_positive_int, positive_int
 from .sequence import Sequence
@@ -285,18 +287,34 @@ class BlockManager:
 
     # ------------------------------------------------------------------ where tokens live
 
+    def slot_table(self, seqs: list[Sequence], lengths: list[int], device: torch.device | str | None = None
+                   ) -> torch.Tensor:
+        """``(rows, max(lengths))``: the flat slot holding each position ``p < lengths[r]`` of ``seqs[r]``,
+        ``block_table[p // block_size] * block_size + p % block_size`` (vLLM's ``slot_mapping``), and slot
+        0 past a row's length. IndexError where a block table holds fewer than its row's length."""
+        size, longest = self.block_size, max(lengths)
+        for seq, n in zip(seqs, lengths):
+            if n > len(seq.block_table) * size:
+                raise IndexError(f"request {seq.index} has no slot for position {n - 1}: "
+                                 f"its {len(seq.block_table)} blocks hold {len(seq.block_table) * size} tokens")
+        n_blocks = -(-longest // size)
+        tables = torch.tensor([(seq.block_table + [0] * n_blocks)[:n_blocks] for seq in seqs], device=device)
+        slots = (tables[:, :, None] * size + torch.arange(size, device=device)).reshape(len(seqs), -1)[:, :longest]
+        held = torch.arange(longest, device=device) < torch.tensor(lengths, device=device)[:, None]
+        return torch.where(held, slots, 0)                                # (rows, longest)
+
+    def slots(self, seq: Sequence, start: int, stop: int) -> list[int]:
+        """The flat slots of positions ``start .. stop - 1`` of ``seq`` (:meth:`slot_table`'s row)."""
+        if not 0 <= start < stop:
+            raise IndexError(f"request {seq.index}: positions {start} .. {stop - 1} are no range of positions")
+        return self.slot_table([seq], [stop])[0, start:].tolist()
+
     def slot(self, seq: Sequence, position: int) -> int:
         """The flat slot holding token ``position`` of ``seq``:
         ``block_table[position // block_size] * block_size + position % block_size``."""
-        size = self.block_size
-        if not 0 <= position < len(seq.block_table) * size:
-            raise IndexError(f"request {seq.index} has no slot for position {position}: "
-                             f"its {len(seq.block_table)} blocks hold {len(seq.block_table) * size} tokens")
-        return seq.block_table[position // size] * size + position % size
-
-    def slots(self, seq: Sequence, start: int, stop: int) -> list[int]:
-        """The flat slots of positions ``start .. stop - 1`` of ``seq``."""
-        return [self.slot(seq, p) for p in range(start, stop)]
+        if position < 0:
+            raise IndexError(f"request {seq.index} has no slot for position {position}")
+        return self.slots(seq, position, position + 1)[0]
 
     def __repr__(self) -> str:
         pool = "growing" if self.num_blocks is None else f"of {self.num_blocks}"

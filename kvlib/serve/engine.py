@@ -18,6 +18,7 @@ import torch
 from ..checks import positive_int
 from ..generate import Sampler, check_prompt, check_sampling
 from .blocks import BlockManager
+from .compiled import compiled_pass
 from .plan import Scheduler, StepPlan
 from .report import Request, ServeReport, ServeStep
 from .runner import ModelRunner
@@ -55,19 +56,22 @@ class Engine:
     (the next batch starts when every request of the current one has finished).
     ``prefill_chunk=N``: at most ``N`` prompt tokens per step. ``prefix_caching=True``: full
     blocks are kept under a key chained from their tokens and reused by any later request
-    that starts with the same tokens (across calls too). Bad values raise a ``ValueError`` from
-    the part that takes them (the block manager, the scheduler).
+    that starts with the same tokens (across calls too). ``compile=True``: each step's forward
+    pass runs compiled, attention left as one operator (:mod:`kvlib.serve.compiled`, as vLLM
+    compiles its model; the first step compiles, or loads what an earlier process compiled).
+    Bad values raise a ``ValueError`` from the part that takes them (the block manager, the scheduler).
 
     As nano-vllm's engine: :meth:`add` queues a request, :meth:`step` runs one step (schedule,
     one forward pass, postprocess), :meth:`serve` adds a stream and steps it to the end.
     """
 
     def __init__(self, model: torch.nn.Module, *, max_batch: int, block_size: int = 16, num_blocks: int | None = None,
-                 policy: str = "continuous", prefill_chunk: int | None = None, prefix_caching: bool = False) -> None:
+                 policy: str = "continuous", prefill_chunk: int | None = None, prefix_caching: bool = False,
+                 compile: bool = False) -> None:
         self.model = model
         self.blocks = BlockManager(block_size, num_blocks, prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.blocks, max_batch=max_batch, policy=policy, prefill_chunk=prefill_chunk)
-        self.runner = ModelRunner(model, self.blocks)
+        self.runner = ModelRunner(model, self.blocks, compiled_pass(model) if compile else None)
         self.sampler = Sampler()
 
     @property
@@ -182,8 +186,9 @@ class _Record:
 
 def serve(model: torch.nn.Module, requests: Seq[Request], *, max_batch: int, block_size: int = 16,
           num_blocks: int | None = None, policy: str = "continuous", prefill_chunk: int | None = None,
-          prefix_caching: bool = False, clock: Callable[[], float] | None = None, progress: bool = False) -> ServeReport:
+          prefix_caching: bool = False, compile: bool = False, clock: Callable[[], float] | None = None,
+          progress: bool = False) -> ServeReport:
     """``Engine(model, ...).serve(requests)``: one call on a fresh engine (see :class:`Engine`)."""
     engine = Engine(model, max_batch=max_batch, block_size=block_size, num_blocks=num_blocks, policy=policy,
-                    prefill_chunk=prefill_chunk, prefix_caching=prefix_caching)
+                    prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, compile=compile)
     return engine.serve(requests, clock=clock, progress=progress)

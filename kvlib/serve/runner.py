@@ -10,32 +10,68 @@ request's tokens live wherever its *block table* says, position ``p`` in slot
 scheduled request (the one new token of each decoding request, the prompt chunk of each
 prefilling one) in one flat row ``(1, tokens)``, each token at its own position, each request
 attending through its own block table. Only scheduled requests are computed, never idle rows.
+The requests attend in two calls per layer, whatever their number: the decoding ones (one
+query each) together, the prefilling ones (a chunk each) together, each group's rows padded to
+its longest and masked by :func:`kvlib.attention.visible`. The slots come from the block tables
+as tensors (vLLM's ``slot_mapping``), not token by token.
+
+``Engine(..., compile=True)`` gives the runner the pass compiled (:mod:`kvlib.serve.compiled`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from ..attention import attention
+from ..attention import attention, visible
 from .blocks import BlockManager
 from .sequence import Sequence
 
-__all__ = ["PagedKV", "StepLayout", "ModelRunner"]
+__all__ = ["PagedKV", "Group", "StepLayout", "ModelRunner", "group_layout", "gather"]
+
+
+@dataclass
+class Group:
+    """Requests whose queries attend in one call: ``rows`` requests, each with up to ``q_len``
+    new tokens and ``k_len`` keys, padded (built by :func:`group_layout`)."""
+
+    queries: torch.Tensor      # (rows, q_len) each query's index among the step's flat tokens (padding: 0)
+    q_positions: torch.Tensor  # (rows, q_len) their positions (padding: 0, which sees key 0; dropped after)
+    context: torch.Tensor      # (rows, k_len) the pool slots of each request's keys (padding: slot 0)
+    k_positions: torch.Tensor  # (rows, k_len) the keys' positions, -1 for padding
+    real: torch.Tensor         # (n,) which of the rows * q_len queries are tokens, in the step's order
+    slots: torch.Tensor        # (n,) where the new tokens' keys and values go
+    mask: torch.Tensor         # (rows, 1, q_len, k_len) visible(q_positions, k_positions), for every layer
 
 
 @dataclass
 class StepLayout:
-    """Where one step's flat tokens go and what each request reads (built by :meth:`ModelRunner.layout`).
+    """One step's groups: the decoding requests (one token each) first, then the prefilling ones."""
 
-    The decoding requests come first, one token each (tokens ``0 .. n_decode-1``), then each
-    prefilling request's chunk, in order (``chunks``: ``(start, stop, context_slots)``)."""
+    groups: list[Group]
+    slots: torch.Tensor        # (tokens,) the pool slot of each of the step's tokens, in the step's order
 
-    slots: torch.Tensor              # (tokens,) the pool slot each new token's key and value go to
-    n_decode: int
-    decode_context: torch.Tensor     # (n_decode, longest) slots of each decoding request's keys, padded
-    decode_positions: torch.Tensor   # (n_decode, longest) their positions, -1 for padding
-    chunks: list[tuple[int, int, torch.Tensor]]
+
+def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first: int,
+                 device: torch.device) -> Group:
+    """The :class:`Group` of ``items`` ``(sequence, tokens)``, whose tokens start at flat index
+    ``first``: request ``r`` feeds positions ``start_r .. start_r + n_r - 1`` (``start_r`` its
+    computed tokens) and reads its keys ``0 .. start_r + n_r - 1``."""
+    seqs = [seq for seq, _ in items]
+    starts = torch.tensor([seq.num_computed for seq in seqs], device=device)           # (rows,)
+    counts = torch.tensor([n for _, n in items], device=device)
+    context = blocks.slot_table(seqs, [seq.num_computed + n for seq, n in items], device)   # (rows, k_len)
+    keys = torch.arange(context.shape[1], device=device)
+    k_positions = torch.where(keys < (starts + counts)[:, None], keys, -1)
+    column = torch.arange(int(counts.max()), device=device)
+    is_token = column < counts[:, None]                                               # (rows, q_len)
+    before = torch.cumsum(counts, 0) - counts                                         # tokens of earlier rows
+    queries = torch.where(is_token, first + before[:, None] + column, 0)
+    q_positions = torch.where(is_token, starts[:, None] + column, 0)
+    real = is_token.reshape(-1).nonzero()[:, 0]
+    slots = context.gather(1, q_positions).reshape(-1)[real]
+    return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions))
 
 
 class PagedKV:
@@ -69,21 +105,19 @@ class PagedKV:
                end: int) -> torch.Tensor:
         """The :class:`kvlib.attention.KVStore` contract for one flat step: ``q`` ``(1, heads, tokens,
         head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns ``(1, heads, tokens, head_dim)``.
-        ``end`` is not needed: the step's layout says which slots each request reads."""
+        ``positions`` and ``end`` are not needed: the step's layout says where each token sits."""
         lay = self.layout
         pool_k, pool_v = self.k[layer], self.v[layer]                 # (slots, kv_heads, head_dim)
         pool_k[lay.slots] = k[0].transpose(0, 1)                      # (tokens, kv_heads, head_dim)
         pool_v[lay.slots] = v[0].transpose(0, 1)
+        heads, _, head_dim = q.shape[1:]
         outs = []
-        if lay.n_decode:                                               # one query per request, padded keys
-            qd = q[0, :, :lay.n_decode].transpose(0, 1)[:, :, None]   # (n_decode, heads, 1, head_dim)
-            outs.append(attention(qd, gather(pool_k, lay.decode_context), gather(pool_v, lay.decode_context),
-                                  positions[0, :lay.n_decode, None], lay.decode_positions)[:, :, 0].transpose(0, 1))
-        for start, stop, context in lay.chunks:                        # a prompt chunk after its cached tokens
-            keys, values = gather(pool_k, context[None]), gather(pool_v, context[None])
-            key_positions = torch.arange(len(context), device=q.device)[None]
-            outs.append(attention(q[:, :, start:stop], keys, values, positions[:, start:stop], key_positions,
-                                  dense=True)[0])
+        for g in lay.groups:                                          # decoding requests, then prefilling ones
+            rows, q_len = g.queries.shape
+            qg = q[0][:, g.queries.reshape(-1)].view(heads, rows, q_len, head_dim).transpose(0, 1)
+            out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
+                            g.k_positions, dense=rows == 1, mask=g.mask)   # (rows, heads, q_len, head_dim)
+            outs.append(out.transpose(0, 1).reshape(heads, rows * q_len, head_dim)[:, g.real])
         return torch.cat(outs, dim=1)[None]                             # (1, heads, tokens, head_dim)
 
 
@@ -93,38 +127,41 @@ def gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return pool.index_select(0, slots.reshape(-1)).view(rows, n, *pool.shape[1:]).transpose(1, 2)
 
 
-class ModelRunner:
-    """Runs a model over a :class:`PagedKV` pool, one step's plan per forward pass."""
+Forward = Callable[[torch.Tensor, torch.Tensor, "PagedKV", torch.Tensor], torch.Tensor]
 
-    def __init__(self, model: torch.nn.Module, blocks: BlockManager) -> None:
+
+class ModelRunner:
+    """Runs a model over a :class:`PagedKV` pool, one step's plan per forward pass: ``forward(ids,
+    positions, kv, last)``, by default :meth:`kvlib.Decoder.run` itself (eager); the engine passes
+    the compiled one (:func:`kvlib.serve.compiled.compiled_pass`)."""
+
+    def __init__(self, model: torch.nn.Module, blocks: BlockManager, forward: Forward | None = None) -> None:
         cfg, p = model.config, next(model.parameters())
         self.model, self.blocks = model, blocks
         self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, blocks.block_size,
                           max(blocks.capacity, 1), p.dtype, p.device)
+        self.forward = forward or self._eager
 
-    def layout(self, items: list[tuple[Sequence, int]]) -> tuple[StepLayout, list[int], list[int]]:
-        """The step's layout, its token ids and their positions, decoding requests first."""
-        device, blocks = self.kv.k.device, self.blocks
-        ids, positions, slots, chunks = [], [], [], []
-        decode = [(seq, n) for seq, n in items if seq.num_tokens - seq.num_computed == 1]
-        prefill = [(seq, n) for seq, n in items if seq.num_tokens - seq.num_computed > 1]
-        for seq, n in decode + prefill:
-            start = seq.num_computed
-            ids += seq.tokens[start:start + n]
-            positions += range(start, start + n)
-            slots += blocks.slots(seq, start, start + n)
-        contexts = [blocks.slots(seq, 0, seq.num_computed + 1) for seq, _ in decode]
-        longest = max(map(len, contexts), default=0)
-        padded = torch.tensor([c + [0] * (longest - len(c)) for c in contexts], dtype=torch.long, device=device)
-        held = torch.tensor([list(range(len(c))) + [-1] * (longest - len(c)) for c in contexts], device=device)
-        start = len(decode)
-        for seq, n in prefill:
-            context = torch.tensor(blocks.slots(seq, 0, seq.num_computed + n), device=device)
-            chunks.append((start, start + n, context))
-            start += n
-        lay = StepLayout(torch.tensor(slots, device=device), len(decode), padded.reshape(len(decode), longest),
-                         held.reshape(len(decode), longest), chunks)
-        return lay, ids, positions
+    def _eager(self, ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV, last: torch.Tensor) -> torch.Tensor:
+        return self.model.run(ids, positions, kv, end=0, last=last)    # (the paged pool reads no end)
+
+    def layout(self, items: list[tuple[Sequence, int]]) -> tuple[StepLayout, list[int], list[int], dict[int, int]]:
+        """The step's layout, its token ids, their positions (decoding requests first), and, for
+        each item whose tokens reach its end (it chooses a token), the flat index of its last token."""
+        device = self.kv.k.device
+        decode = [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed == 1]
+        order = decode + [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed > 1]
+        ids, positions, wanted = [], [], {}
+        for i in order:
+            seq, n = items[i]
+            ids += seq.tokens[seq.num_computed:seq.num_computed + n]
+            positions += range(seq.num_computed, seq.num_computed + n)
+            if seq.num_computed + n == seq.num_tokens:
+                wanted[i] = len(ids) - 1
+        parts = [order[:len(decode)], order[len(decode):]]
+        groups = [group_layout(self.blocks, [items[i] for i in part], first, device)
+                  for part, first in zip(parts, (0, len(decode))) if part]
+        return StepLayout(groups, torch.cat([g.slots for g in groups])), ids, positions, wanted
 
     @torch.no_grad()
     def step(self, items: list[tuple[Sequence, int]]) -> dict[int, torch.Tensor]:
@@ -132,20 +169,12 @@ class ModelRunner:
         ``(vocab,)`` of each sequence whose tokens reach its end (it chooses a new token), by its
         position in ``items``."""
         self.kv.grow(self.blocks.capacity)
-        lay, ids, positions = self.layout(items)
-        order = [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed == 1]
-        order += [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed > 1]
-        ends, wanted = 0, {}
-        for i in order:                                                  # where each item's last token lands
-            seq, n = items[i]
-            ends += n
-            if seq.num_computed + n == seq.num_tokens:
-                wanted[i] = ends - 1
-        self.kv.layout = lay
+        self.kv.layout, ids, positions, wanted = self.layout(items)
         device = self.kv.k.device
         columns = list(wanted.values()) or [len(ids) - 1]          # (no request chooses: any one column)
-        logits = self.model.run(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
-                                self.kv, end=max(positions) + 1,                  # from the list: no device sync
-                                last=torch.tensor([columns], device=device))      # (1, k, vocab)
-        self.kv.layout = None
+        try:
+            logits = self.forward(torch.tensor([ids], device=device), torch.tensor([positions], device=device),
+                                  self.kv, torch.tensor([columns], device=device))     # (1, k, vocab)
+        finally:
+            self.kv.layout = None
         return {i: logits[0, j] for j, i in enumerate(wanted)}

@@ -107,6 +107,16 @@ def test_the_fast_layout_computes_the_models_logits():
     assert model.lm_head is None and not kvlib.fast.is_fused(model)
 
 
+def test_kvlib_fast_is_compiled_where_a_compiler_is_found(monkeypatch):
+    model = tiny_model()
+    engines, layout = serving_peer.kvlib_engines(model)
+    assert list(engines) == list(serving_peer.KVLIB_ENGINES) and engines["kvlib"] == (model, False)
+    assert engines["kvlib_fast"][1] == (serving_peer.compiler_missing() is None)
+    monkeypatch.setattr(serving_peer, "compiler_missing", lambda: "no C++ compiler here")
+    engines, layout = serving_peer.kvlib_engines(model)
+    assert engines["kvlib_fast"][1] is False and layout.endswith("; not compiled: no C++ compiler here")
+
+
 def test_vllm_missing_says_what_to_do(tmp_path):
     assert "make peer-vllm" in vllm_missing(tmp_path / "no-python")
     if serving_peer.subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode:

@@ -80,6 +80,24 @@ def test_slot_is_block_times_size_plus_offset():
     for bad in (-1, 8):
         with pytest.raises(IndexError, match="request 0 has no slot for position"):
             blocks.slot(s, bad)
+    t = seq(range(3))
+    t.block_table[:] = [5]
+    table = blocks.slot_table([s, t], [6, 3])                          # rows padded with slot 0
+    assert table.tolist() == [[12, 13, 14, 15, 0, 1], [20, 21, 22, 0, 0, 0]]
+
+
+@given(st.integers(1, 5), st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=4), min_size=1, max_size=4),
+       st.data())
+def test_slot_table_agrees_with_the_formula_position_by_position(size, tables, data):
+    blocks = BlockManager(size, 16)
+    seqs = [seq(range(len(t) * size)) for t in tables]
+    for s, t in zip(seqs, tables):
+        s.block_table[:] = t
+    lengths = [data.draw(st.integers(1, len(t) * size)) for t in tables]
+    got = blocks.slot_table(seqs, lengths)
+    for r, (t, n) in enumerate(zip(tables, lengths)):
+        want = [t[p // size] * size + p % size for p in range(n)]
+        assert got[r, :n].tolist() == want and (got[r, n:] == 0).all()
 
 
 # ------------------------------------------------------------------ allocation without caching

@@ -202,10 +202,11 @@ BROKEN_CASES = [
 
 def test_a_block_table_off_by_one_is_caught(monkeypatch):
     model = tiny_model(torch.float64)
-    monkeypatch.setattr(BlockManager, "slot",
-                        lambda self, seq, p: seq.block_table[p // self.block_size - 1] * self.block_size
-                        + p % self.block_size)
-    monkeypatch.setattr(BlockManager, "slots", lambda self, seq, a, b: [self.slot(seq, p) for p in range(a, b)])
+    right = BlockManager.slot_table
+    # position p's slot in block_table[p // block_size - 1]: each row's slots shifted by one block
+    monkeypatch.setattr(BlockManager, "slot_table",
+                        lambda self, seqs, lengths, device=None: right(self, seqs, lengths, device).roll(
+                            self.block_size, dims=1))
     assert any(_some_request_differs(model, reqs, **kw) for reqs, kw in BROKEN_CASES)
 
 
