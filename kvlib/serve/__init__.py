@@ -6,7 +6,8 @@ static batch, the loop of :func:`kvlib.generate` with a row per prompt, is
   (the KV pool's blocks: free list, reference counts, prefix caching), :mod:`.plan` (the
   scheduler: what each step runs), :mod:`.runner` (one forward pass per step over the paged
   pool), :mod:`.engine` (:class:`Engine` and :func:`serve`, which tie them together) and
-  :mod:`.report` (:class:`Request` in, :class:`ServeReport` out).
+  :mod:`.report` (:class:`Request` in, :class:`ServeReport` out); :mod:`.compiled` runs the
+  runner's pass compiled (``Engine(..., compile=True)``, as vLLM compiles its model).
 """
 from __future__ import annotations
 
