@@ -13,7 +13,8 @@ worker checks that folder's logits against kvlib's before anything is timed. kvl
 serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, eager, and
 as vLLM's CPU build runs its own: :func:`fast_float32`'s copy, whose matrices are laid out as vLLM
 lays out its own (the same numbers, fused and packed for oneDNN), its forward pass compiled with
-attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`). Each stream runs on each engine with the
+attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`), the decoding
+requests' attention read from the paged blocks in place (:func:`kvlib.fast.paged_decode_attention`). Each stream runs on each engine with the
 same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
 :class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
 (the run of median time is kept); every request writes exactly ``max_tokens`` tokens (EOS
@@ -36,7 +37,7 @@ import torch
 from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
-from ..fast import fuse
+from ..fast import fuse, kernels_missing, paged_decode_attention
 from ..fast.packed import pack, packing_unavailable
 from ..generate import generate
 from ..paths import cache_dir
@@ -55,9 +56,10 @@ REPEATS = 3               # timed runs of each stream on each engine: the median
 # pinned to cores (as kvlib's are not), its KV pool 1 GiB (20,000 tokens of this model).
 VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # kvlib's two ways of serving the streams, by their keys in the record: the Engine on the model as
-# the chapter loads it, eager; and on fast_float32's copy of it, its pass compiled (kvlib_engines).
+# the chapter loads it, eager; and as vLLM runs its model (kvlib_engines).
 KVLIB_ENGINES = {"kvlib": "kvlib's Engine, the model as loaded (F.linear: PyTorch's BLAS), eager",
-                 "kvlib_fast": "kvlib's Engine as vLLM runs its model: fused, packed for oneDNN, compiled"}
+                 "kvlib_fast": "kvlib's Engine as vLLM runs its model: fused, packed for oneDNN, compiled, "
+                               "attention read from the paged blocks"}
 ENGINES = (*KVLIB_ENGINES, "vllm")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,23 +161,27 @@ def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     return pack(model, fused=True), "fused, packed for oneDNN"
 
 
-def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Module, bool]], str]:
-    """The model and the ``compile`` setting of each of :data:`KVLIB_ENGINES`, and what was done for
-    ``kvlib_fast`` (:func:`fast_float32`'s layout; compiled where a C++ compiler is found, else why not)."""
+def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Module, dict]], str]:
+    """The model and the :class:`~kvlib.serve.Engine` options of each of :data:`KVLIB_ENGINES`, and what
+    was done for ``kvlib_fast``: :func:`fast_float32`'s layout, compiled where a C++ compiler is found,
+    with kvlib's paged-attention kernel where it builds (else, each time, why not)."""
     fast, layout = fast_float32(model)
     missing = compiler_missing()
     layout += "; compiled" if missing is None else f"; not compiled: {missing}"
-    return {"kvlib": (model, False), "kvlib_fast": (fast, missing is None)}, layout
+    kernel = kernels_missing()
+    layout += "; paged-attention kernel" if kernel is None else f"; no paged-attention kernel: {kernel}"
+    options = {"compile": missing is None, "decode_attention": paged_decode_attention if kernel is None else None}
+    return {"kvlib": (model, {}), "kvlib_fast": (fast, options)}, layout
 
 
 @torch.no_grad()
-def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, compile: bool = False) -> dict:
-    """``stream`` on kvlib's :class:`~kvlib.serve.Engine` (``compile``: its pass compiled): a warm-up (which
-    compiles), then ``repeats`` timed runs, each on a fresh engine (an empty prefix cache); the run of
-    median time, with every run's time."""
+def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **options) -> dict:
+    """``stream`` on kvlib's :class:`~kvlib.serve.Engine` (with ``options`` such as ``compile=True``): a
+    warm-up (which compiles), then ``repeats`` timed runs, each on a fresh engine (an empty prefix
+    cache); the run of median time, with every run's time."""
     def engine() -> Engine:
         return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, prefill_chunk=STEP_TOKENS,
-                      prefix_caching=stream.prefix_caching, compile=compile)
+                      prefix_caching=stream.prefix_caching, **options)
 
     requests = [Request(p, stream.max_tokens) for p in stream.prompts]
     engine().serve(requests[:stream.max_batch])
@@ -239,9 +245,9 @@ def run(model: torch.nn.Module, tokenizer, gguf_path: Path, model_dir: Path, thr
     models, layout = kvlib_engines(model)
     ours = {}
     for stream in stream_list:
-        for key, (m, compile) in models.items():
+        for key, (m, options) in models.items():
             say(f"{KVLIB_ENGINES[key]}: {stream.name}")
-            ours[stream.name, key] = run_kvlib(m, stream, compile=compile)
+            ours[stream.name, key] = run_kvlib(m, stream, **options)
     record = {"machine": f"{cpu_name()} ({vector_instructions()})", "threads": threads, "repeats": REPEATS,
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "kvlib_dtype": str(model.dtype),
               "compute_dtype": str(compute_dtype()), "block_size": BLOCK_SIZE, "step_tokens": STEP_TOKENS,

@@ -1,4 +1,5 @@
-"""kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file),
+"""kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file), and
+the serving engine's paged decode attention (``paged_attention.cpp``, :func:`paged_decode_attention`),
 built on first use with the machine's C++ compiler and kept in kvlib's folder.
 
 They multiply as llama.cpp does on a CPU: each row of activations is rounded to 8-bit integers
@@ -30,10 +31,10 @@ import torch
 from ..device import cpu_flags
 from ..paths import cache_dir
 
-__all__ = ["ENV_SIMD", "SOURCE", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
-           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm"]
+__all__ = ["ENV_SIMD", "SOURCES", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
+           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm", "paged_decode_attention"]
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "paged_attention.cpp")]
 BLOCK = 32                                    # weights (and activations) per block
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}        # ggml's block_q4_1 and block_q8_0
 ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": build the plain loops even where AVX2 exists
@@ -61,7 +62,7 @@ def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *simd_flags(),
            f"-I{torch_dir / 'include'}", f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-           str(SOURCE), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}"]
+           *map(str, SOURCES), "-o", str(out), f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch", f"-Wl,-rpath,{lib}"]
     if openmp:      # torch's own OpenMP runtime (the same soname, so the one already loaded): threads shared
         cmd[1:1] = ["-fopenmp"]
         cmd += [f"-l:{p.name}" for p in lib.glob("libgomp*.so*")][:1] or ["-lgomp"]
@@ -73,7 +74,7 @@ def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
 def library_path() -> Path:
     """Where the built kernels are kept: kvlib's folder, ``kernels/``, one file per source, torch
     version, compiler and vector flags (so that a change of any of them builds again)."""
-    key = "|".join([SOURCE.read_text(), torch.__version__, compiler() or "", " ".join(simd_flags())])
+    key = "|".join([*(s.read_text() for s in SOURCES), torch.__version__, compiler() or "", " ".join(simd_flags())])
     return cache_dir() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16] / _LIB
 
 
@@ -128,6 +129,21 @@ def _register_fakes() -> None:
     """Shapes for torch.compile, which traces the kernels without running them."""
     for name in ("q4_1_mm", "q8_0_mm"):
         torch.library.register_fake(f"kvlib_cpu::{name}")(lambda x, w, n: x.new_empty(*x.shape[:-1], n))
+    torch.library.register_fake("kvlib_cpu::paged_decode_attention")(lambda q, k, v, c, n, scale: torch.empty_like(q))
+
+
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,
+                           lengths: torch.Tensor) -> torch.Tensor:
+    """The attention of decoding requests read straight from one layer's paged pool (``paged_attention.cpp``,
+    as vLLM's CPU attention reads its blocks): ``q`` float32 ``(rows, heads, head_dim)``, one query a
+    request; ``k_pool, v_pool`` ``(slots, kv_heads, head_dim)``; ``context`` ``(rows, k_len)`` the slots
+    of each request's keys by position; ``lengths`` ``(rows,)`` how many each sees. Returns ``(rows,
+    heads, head_dim)``: what :func:`kvlib.attention.attention` gives on the gathered keys, to float32
+    rounding. RuntimeError where the kernels cannot be built here (:func:`kernels_missing` says why)."""
+    if not load():
+        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    return torch.ops.kvlib_cpu.paged_decode_attention(q.contiguous(), k_pool, v_pool, context.contiguous(), lengths,
+                                                      q.shape[-1] ** -0.5)
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,6 +43,7 @@ class Group:
     real: torch.Tensor         # (n,) which of the rows * q_len queries are tokens, in the step's order
     slots: torch.Tensor        # (n,) where the new tokens' keys and values go
     mask: torch.Tensor         # (rows, 1, q_len, k_len) visible(q_positions, k_positions), for every layer
+    lengths: torch.Tensor      # (rows,) how many keys each request sees: its computed tokens and its new ones
 
 
 @dataclass
@@ -71,15 +72,26 @@ def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first:
     q_positions = torch.where(is_token, starts[:, None] + column, 0)
     real = is_token.reshape(-1).nonzero()[:, 0]
     slots = context.gather(1, q_positions).reshape(-1)[real]
-    return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions))
+    return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions),
+                 starts + counts)
+
+
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PagedKV:
-    """Keys and values of every layer in blocks (see the module's docstring); grows on demand."""
+    """Keys and values of every layer in blocks (see the module's docstring); grows on demand.
+
+    ``decode_attention(q, k_pool, v_pool, context, lengths)``, when given, computes the decoding
+    requests' attention straight from one layer's pool (``q`` ``(rows, heads, head_dim)``, the pools
+    ``(slots, kv_heads, head_dim)``, ``context`` and ``lengths`` as in :class:`Group`), instead of
+    gathering their keys and calling PyTorch's attention: a paged-attention kernel, such as
+    :func:`kvlib.fast.paged_decode_attention`."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, decode_attention: DecodeAttention | None = None) -> None:
         self.block_size = block_size
+        self.decode_attention = decode_attention
         shape = (n_layers, num_blocks * block_size, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -115,8 +127,11 @@ class PagedKV:
         for g in lay.groups:                                          # decoding requests, then prefilling ones
             rows, q_len = g.queries.shape
             qg = q[0][:, g.queries.reshape(-1)].view(heads, rows, q_len, head_dim).transpose(0, 1)
-            out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
-                            g.k_positions, dense=rows == 1, mask=g.mask)   # (rows, heads, q_len, head_dim)
+            if q_len == 1 and self.decode_attention is not None:     # (rows, heads, 1, head_dim) from the pool
+                out = self.decode_attention(qg[:, :, 0], pool_k, pool_v, g.context, g.lengths)[:, :, None]
+            else:
+                out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
+                                g.k_positions, dense=rows == 1, mask=g.mask)   # (rows, heads, q_len, head_dim)
             outs.append(out.transpose(0, 1).reshape(heads, rows * q_len, head_dim)[:, g.real])
         return torch.cat(outs, dim=1)[None]                             # (1, heads, tokens, head_dim)
 
@@ -127,19 +142,21 @@ def gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return pool.index_select(0, slots.reshape(-1)).view(rows, n, *pool.shape[1:]).transpose(1, 2)
 
 
-Forward = Callable[[torch.Tensor, torch.Tensor, "PagedKV", torch.Tensor], torch.Tensor]
+Forward = Callable[[torch.Tensor, torch.Tensor, PagedKV, torch.Tensor], torch.Tensor]
 
 
 class ModelRunner:
     """Runs a model over a :class:`PagedKV` pool, one step's plan per forward pass: ``forward(ids,
     positions, kv, last)``, by default :meth:`kvlib.Decoder.run` itself (eager); the engine passes
-    the compiled one (:func:`kvlib.serve.compiled.compiled_pass`)."""
+    the compiled one (:func:`kvlib.serve.compiled.compiled_pass`). ``decode_attention``: the pool's
+    (see :class:`PagedKV`)."""
 
-    def __init__(self, model: torch.nn.Module, blocks: BlockManager, forward: Forward | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, blocks: BlockManager, forward: Forward | None = None,
+                 decode_attention: DecodeAttention | None = None) -> None:
         cfg, p = model.config, next(model.parameters())
         self.model, self.blocks = model, blocks
         self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, blocks.block_size,
-                          max(blocks.capacity, 1), p.dtype, p.device)
+                          max(blocks.capacity, 1), p.dtype, p.device, decode_attention)
         self.forward = forward or self._eager
 
     def _eager(self, ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV, last: torch.Tensor) -> torch.Tensor:

@@ -110,11 +110,15 @@ def test_the_fast_layout_computes_the_models_logits():
 def test_kvlib_fast_is_compiled_where_a_compiler_is_found(monkeypatch):
     model = tiny_model()
     engines, layout = serving_peer.kvlib_engines(model)
-    assert list(engines) == list(serving_peer.KVLIB_ENGINES) and engines["kvlib"] == (model, False)
-    assert engines["kvlib_fast"][1] == (serving_peer.compiler_missing() is None)
+    assert list(engines) == list(serving_peer.KVLIB_ENGINES) and engines["kvlib"] == (model, {})
+    options = engines["kvlib_fast"][1]
+    assert options["compile"] == (serving_peer.compiler_missing() is None)
+    assert (options["decode_attention"] is kvlib.fast.paged_decode_attention) == (serving_peer.kernels_missing() is None)
     monkeypatch.setattr(serving_peer, "compiler_missing", lambda: "no C++ compiler here")
+    monkeypatch.setattr(serving_peer, "kernels_missing", lambda: "no kernels here")
     engines, layout = serving_peer.kvlib_engines(model)
-    assert engines["kvlib_fast"][1] is False and layout.endswith("; not compiled: no C++ compiler here")
+    assert engines["kvlib_fast"][1] == {"compile": False, "decode_attention": None}
+    assert layout.endswith("; not compiled: no C++ compiler here; no paged-attention kernel: no kernels here")
 
 
 def test_vllm_missing_says_what_to_do(tmp_path):
