@@ -59,18 +59,19 @@ def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first:
     """The :class:`Group` of ``items`` ``(sequence, tokens)``, whose tokens start at flat index
     ``first``: request ``r`` feeds positions ``start_r .. start_r + n_r - 1`` (``start_r`` its
     computed tokens) and reads its keys ``0 .. start_r + n_r - 1``."""
-    seqs = [seq for seq, _ in items]
+    seqs, n_new = [seq for seq, _ in items], [n for _, n in items]
+    q_len = max(n_new)                                    # from the lists: nothing read back from a GPU
     starts = torch.tensor([seq.num_computed for seq in seqs], device=device)           # (rows,)
-    counts = torch.tensor([n for _, n in items], device=device)
+    counts = torch.tensor(n_new, device=device)
     context = blocks.slot_table(seqs, [seq.num_computed + n for seq, n in items], device)   # (rows, k_len)
     keys = torch.arange(context.shape[1], device=device)
     k_positions = torch.where(keys < (starts + counts)[:, None], keys, -1)
-    column = torch.arange(int(counts.max()), device=device)
+    column = torch.arange(q_len, device=device)
     is_token = column < counts[:, None]                                               # (rows, q_len)
     before = torch.cumsum(counts, 0) - counts                                         # tokens of earlier rows
     queries = torch.where(is_token, first + before[:, None] + column, 0)
     q_positions = torch.where(is_token, starts[:, None] + column, 0)
-    real = is_token.reshape(-1).nonzero()[:, 0]
+    real = torch.tensor([r * q_len + j for r, n in enumerate(n_new) for j in range(n)], device=device)
     slots = context.gather(1, q_positions).reshape(-1)[real]
     return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions),
                  starts + counts)
