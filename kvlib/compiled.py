@@ -44,6 +44,20 @@ from .paths import cache_dir
 # passed by the caller of compiled_decode_step.
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "size_asserts": False}
 
+_OPS = torch.library.Library("kvlib", "FRAGMENT")     # kvlib's operators (define_op), kept alive with the module
+
+
+def define_op(name: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``torch.ops.kvlib.<name>``: ``fn`` (type-hinted; it returns a new tensor and changes none of
+    its arguments) as an operator that ``torch.compile`` calls as it is, knowing its result's shape
+    from ``fake``. Registered directly, for every device, as vLLM's ``direct_register_custom_op``
+    does: ``torch.library.custom_op`` would wrap each call in dispatching logic that costs several
+    microseconds, and the engine's compiled pass calls these operators a few hundred times a step."""
+    _OPS.define(name + torch.library.infer_schema(fn, mutates_args=()))
+    _OPS.impl(name, fn, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kvlib::{name}", fake, lib=_OPS)
+    return getattr(torch.ops.kvlib, name)
+
 
 def compile_cache_dir() -> Path:
     """Where torch.compile keeps the code it compiles: ``TORCHINDUCTOR_CACHE_DIR`` when set, else

@@ -14,7 +14,7 @@ serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter lo
 as vLLM's CPU build runs its own: :func:`fast_float32`'s copy, whose matrices are laid out as vLLM
 lays out its own (the same numbers, fused and packed for oneDNN), its forward pass compiled with
 attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`), the decoding
-requests' attention read from the paged blocks in place (:func:`kvlib.fast.paged_decode_attention`). Each stream runs on each engine with the
+requests' attention read from the paged blocks in place (:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the
 same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
 :class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
 (the run of median time is kept); every request writes exactly ``max_tokens`` tokens (EOS
@@ -37,7 +37,7 @@ import torch
 from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
-from ..fast import fuse, kernels_missing, paged_decode_attention
+from ..fast import fuse, kernels_missing, paged_attention
 from ..fast.packed import pack, packing_unavailable
 from ..generate import generate
 from ..paths import cache_dir
@@ -170,7 +170,7 @@ def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Modu
     layout += "; compiled" if missing is None else f"; not compiled: {missing}"
     kernel = kernels_missing()
     layout += "; paged-attention kernel" if kernel is None else f"; no paged-attention kernel: {kernel}"
-    options = {"compile": missing is None, "decode_attention": paged_decode_attention if kernel is None else None}
+    options = {"compile": missing is None, "paged_attention": paged_attention if kernel is None else None}
     return {"kvlib": (model, {}), "kvlib_fast": (fast, options)}, layout
 
 

@@ -9,7 +9,7 @@ larger matrix. The model computes the same function; only the order of a few rou
 may change. The readable modules the notebooks teach are untouched.
 
 :func:`pack` (:mod:`.packed`) lays a float32 model's weights out once for oneDNN's matrix
-kernels, as vLLM's CPU build does, and :func:`paged_decode_attention` reads the serving engine's
+kernels, as vLLM's CPU build does, and :func:`paged_attention` reads the serving engine's
 paged pool in place, as vLLM's attention kernel does: the serving comparison with vLLM runs kvlib's
 engine with both.
 """
@@ -20,7 +20,7 @@ from .blocks import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 from .heads import TiedHead
-from .kernels import kernels_missing, paged_decode_attention
+from .kernels import kernels_missing, paged_attention
 from .packed import PackedLinear, is_packed, pack, packing_unavailable
 from .switch import KernelSwitch
 
@@ -28,7 +28,7 @@ CPP_WRAPPER = {"cpp_wrapper": True}      # Inductor calls the compiled step's ke
 
 __all__ = ["CPP_WRAPPER", "compile_fast_step", "fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
            "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear", "TiedHead", "PackedLinear", "pack",
-           "is_packed", "packing_unavailable", "paged_decode_attention", "kernels_missing"]
+           "is_packed", "packing_unavailable", "paged_attention", "kernels_missing"]
 
 
 def fast_model(model: Decoder, choice: KernelChoice | None = None) -> Decoder:

@@ -1,5 +1,5 @@
 """kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file), and
-the serving engine's paged decode attention (``paged_attention.cpp``, :func:`paged_decode_attention`),
+the serving engine's paged attention (``paged_attention.cpp``, :func:`paged_attention`),
 built on first use with the machine's C++ compiler and kept in kvlib's folder.
 
 They multiply as llama.cpp does on a CPU: each row of activations is rounded to 8-bit integers
@@ -32,7 +32,7 @@ from ..device import cpu_flags
 from ..paths import cache_dir
 
 __all__ = ["ENV_SIMD", "SOURCES", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
-           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm", "paged_decode_attention"]
+           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm", "paged_attention"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "paged_attention.cpp")]
 BLOCK = 32                                    # weights (and activations) per block
@@ -129,21 +129,26 @@ def _register_fakes() -> None:
     """Shapes for torch.compile, which traces the kernels without running them."""
     for name in ("q4_1_mm", "q8_0_mm"):
         torch.library.register_fake(f"kvlib_cpu::{name}")(lambda x, w, n: x.new_empty(*x.shape[:-1], n))
-    torch.library.register_fake("kvlib_cpu::paged_decode_attention")(lambda q, k, v, c, n, scale: torch.empty_like(q))
+    torch.library.register_fake("kvlib_cpu::paged_attention")(lambda q, k, v, c, n, row, scale: torch.empty_like(q))
 
 
-def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,
-                           lengths: torch.Tensor) -> torch.Tensor:
-    """The attention of decoding requests read straight from one layer's paged pool (``paged_attention.cpp``,
-    as vLLM's CPU attention reads its blocks): ``q`` float32 ``(rows, heads, head_dim)``, one query a
-    request; ``k_pool, v_pool`` ``(slots, kv_heads, head_dim)``; ``context`` ``(rows, k_len)`` the slots
-    of each request's keys by position; ``lengths`` ``(rows,)`` how many each sees. Returns ``(rows,
-    heads, head_dim)``: what :func:`kvlib.attention.attention` gives on the gathered keys, to float32
-    rounding. RuntimeError where the kernels cannot be built here (:func:`kernels_missing` says why)."""
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,
+                    lengths: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention read straight from one layer's paged pool (``paged_attention.cpp``, as vLLM's CPU
+    attention reads its blocks), one query token at a time: ``q`` float32 ``(n, heads, head_dim)``;
+    ``k_pool, v_pool`` ``(slots, kv_heads, head_dim)``; ``context`` ``(rows, k_len)`` the slots of
+    each request's keys by position; ``lengths`` ``(n,)`` how many keys each query sees (a decoding
+    request's one query: all its keys; a prefilling request's token at position ``p``: ``p + 1``, its
+    causal mask); ``row`` ``(n,)`` each query's request (``None``: query ``i`` is request ``i``'s).
+    Returns ``(n, heads, head_dim)``: what :func:`kvlib.attention.attention` gives on the gathered
+    keys, to float32 rounding. RuntimeError where the kernels cannot be built here
+    (:func:`kernels_missing` says why), or, naming it, for a query, slot or length outside its bounds."""
     if not load():
         raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
-    return torch.ops.kvlib_cpu.paged_decode_attention(q.contiguous(), k_pool, v_pool, context.contiguous(), lengths,
-                                                      q.shape[-1] ** -0.5)
+    if row is None:
+        row = torch.arange(q.shape[0], device=q.device)
+    return torch.ops.kvlib_cpu.paged_attention(q.contiguous(), k_pool, v_pool, context.contiguous(),
+                                               lengths.contiguous(), row.contiguous(), q.shape[-1] ** -0.5)
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

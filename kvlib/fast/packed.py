@@ -21,24 +21,22 @@ import copy
 import torch
 from torch import nn
 
+from ..compiled import define_op
 from ..model import Decoder
 from .fused import FusedAttention, FusedMLP
 
 __all__ = ["PackedLinear", "packed_linear", "pack", "pack_linears", "packing_unavailable", "is_packed"]
 
 
-@torch.library.custom_op("kvlib::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """oneDNN's product of ``x`` ``(..., in)`` with a weight :class:`PackedLinear` packed: ``(..., out_features)``.
-    An operator of its own for ``torch.compile``, which calls it as it is (as vLLM's compiled model
-    calls its oneDNN products), where Inductor's own lowering of oneDNN's operator wants the
-    number of rows fixed."""
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """oneDNN's product of ``x`` ``(..., in)`` with a weight :class:`PackedLinear` packed: ``(..., out_features)``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
 
 
-@packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], out_features)
+# An operator of its own for torch.compile, which calls it as it is (as vLLM's compiled model calls
+# its oneDNN products), where Inductor's own lowering of oneDNN's operator wants the number of rows fixed.
+packed_linear = define_op("packed_linear", _packed_linear,
+                          lambda x, packed, out_features: x.new_empty(*x.shape[:-1], out_features))
 
 
 class PackedLinear(nn.Module):

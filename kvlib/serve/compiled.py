@@ -21,17 +21,17 @@ from typing import Iterator
 
 import torch
 
-from ..compiled import compiled_function
+from ..compiled import compiled_function, define_op
 from .runner import PagedKV
 
-__all__ = ["paged_attention", "forward_context", "compiled_pass"]
+__all__ = ["unified_attention", "forward_context", "compiled_pass"]
 
 _CONTEXT: list[PagedKV] = []          # the pool of the pass running now (vLLM's forward context)
 
 
 @contextmanager
 def forward_context(kv: PagedKV) -> Iterator[None]:
-    """Within it, :func:`paged_attention` reads and writes ``kv`` (with its step's layout set)."""
+    """Within it, :func:`unified_attention` reads and writes ``kv`` (with its step's layout set)."""
     _CONTEXT.append(kv)
     try:
         yield
@@ -39,20 +39,18 @@ def forward_context(kv: PagedKV) -> Iterator[None]:
         _CONTEXT.pop()
 
 
-@torch.library.custom_op("kvlib::paged_attention", mutates_args=())
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+def _unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """:meth:`PagedKV.attend` of layer ``layer`` on the pool of :func:`forward_context`: ``q``
     ``(1, heads, tokens, head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns a new
     ``(1, heads, tokens, head_dim)`` tensor. (It writes the pool, which is no argument: the compiler
     sees a function of its arguments, called in the order the layers need.)"""
     if not _CONTEXT:
-        raise RuntimeError("kvlib::paged_attention runs inside forward_context(pool), which says which pool")
+        raise RuntimeError("kvlib::unified_attention runs inside forward_context(pool), which says which pool")
     return _CONTEXT[-1].attend(layer, q, k, v, None, 0).contiguous()
 
 
-@paged_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-    return q.new_empty(q.shape)                     # what the compiler knows: q's shape, contiguous
+# What the compiler knows of it: q's shape, contiguous.
+unified_attention = define_op("unified_attention", _unified_attention, lambda q, k, v, layer: q.new_empty(q.shape))
 
 
 class _OpaqueAttention:
@@ -60,7 +58,7 @@ class _OpaqueAttention:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                end: int) -> torch.Tensor:
-        return paged_attention(q, k, v, layer)
+        return unified_attention(q, k, v, layer)
 
 
 _OPAQUE = _OpaqueAttention()

@@ -21,7 +21,7 @@ from .blocks import BlockManager
 from .compiled import compiled_pass
 from .plan import Scheduler, StepPlan
 from .report import Request, ServeReport, ServeStep
-from .runner import DecodeAttention, ModelRunner
+from .runner import PagedAttention, ModelRunner
 from .sequence import Sequence
 
 __all__ = ["Engine", "serve", "check_requests"]
@@ -59,9 +59,9 @@ class Engine:
     that starts with the same tokens (across calls too). ``compile=True``: each step's forward
     pass runs compiled, attention left as one operator (:mod:`kvlib.serve.compiled`, as vLLM
     compiles its model; the first step compiles, or loads what an earlier process compiled).
-    ``decode_attention``: a paged-attention kernel for the decoding requests (see
-    :class:`~kvlib.serve.runner.PagedKV`; vLLM's attention backend), such as
-    :func:`kvlib.fast.paged_decode_attention`; ``None``: their keys gathered, PyTorch's attention.
+    ``paged_attention``: a paged-attention kernel that reads each token's keys from the pool in
+    place (see :class:`~kvlib.serve.runner.PagedKV`; vLLM's attention backend), such as
+    :func:`kvlib.fast.paged_attention`; ``None``: the keys gathered, PyTorch's attention.
     Bad values raise a ``ValueError`` from the part that takes them (the block manager, the scheduler).
 
     As nano-vllm's engine: :meth:`add` queues a request, :meth:`step` runs one step (schedule,
@@ -70,11 +70,11 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, *, max_batch: int, block_size: int = 16, num_blocks: int | None = None,
                  policy: str = "continuous", prefill_chunk: int | None = None, prefix_caching: bool = False,
-                 compile: bool = False, decode_attention: DecodeAttention | None = None) -> None:
+                 compile: bool = False, paged_attention: PagedAttention | None = None) -> None:
         self.model = model
         self.blocks = BlockManager(block_size, num_blocks, prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.blocks, max_batch=max_batch, policy=policy, prefill_chunk=prefill_chunk)
-        self.runner = ModelRunner(model, self.blocks, compiled_pass(model) if compile else None, decode_attention)
+        self.runner = ModelRunner(model, self.blocks, compiled_pass(model) if compile else None, paged_attention)
         self.sampler = Sampler()
 
     @property
@@ -189,10 +189,10 @@ class _Record:
 
 def serve(model: torch.nn.Module, requests: Seq[Request], *, max_batch: int, block_size: int = 16,
           num_blocks: int | None = None, policy: str = "continuous", prefill_chunk: int | None = None,
-          prefix_caching: bool = False, compile: bool = False, decode_attention: DecodeAttention | None = None,
+          prefix_caching: bool = False, compile: bool = False, paged_attention: PagedAttention | None = None,
           clock: Callable[[], float] | None = None, progress: bool = False) -> ServeReport:
     """``Engine(model, ...).serve(requests)``: one call on a fresh engine (see :class:`Engine`)."""
     engine = Engine(model, max_batch=max_batch, block_size=block_size, num_blocks=num_blocks, policy=policy,
                     prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, compile=compile,
-                    decode_attention=decode_attention)
+                    paged_attention=paged_attention)
     return engine.serve(requests, clock=clock, progress=progress)

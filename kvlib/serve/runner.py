@@ -13,7 +13,10 @@ attending through its own block table. Only scheduled requests are computed, nev
 The requests attend in two calls per layer, whatever their number: the decoding ones (one
 query each) together, the prefilling ones (a chunk each) together, each group's rows padded to
 its longest and masked by :func:`kvlib.attention.visible`. The slots come from the block tables
-as tensors (vLLM's ``slot_mapping``), not token by token.
+as tensors (vLLM's ``slot_mapping``), not token by token. With a paged-attention kernel
+(:class:`PagedKV`'s ``paged_attention``), each group's tokens read their keys from the pool in
+place, each token its own keys (a prefilling token at position ``p`` the first ``p + 1``), with
+no padding and no gather.
 
 ``Engine(..., compile=True)`` gives the runner the pass compiled (:mod:`kvlib.serve.compiled`).
 """
@@ -43,7 +46,9 @@ class Group:
     real: torch.Tensor         # (n,) which of the rows * q_len queries are tokens, in the step's order
     slots: torch.Tensor        # (n,) where the new tokens' keys and values go
     mask: torch.Tensor         # (rows, 1, q_len, k_len) visible(q_positions, k_positions), for every layer
-    lengths: torch.Tensor      # (rows,) how many keys each request sees: its computed tokens and its new ones
+    first: int                 # the flat index of the group's first token (its tokens follow in order)
+    query_row: torch.Tensor    # (n,) each token's row (request) in the group
+    query_keys: torch.Tensor   # (n,) how many keys each token sees: its position + 1
 
 
 @dataclass
@@ -73,26 +78,30 @@ def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first:
     q_positions = torch.where(is_token, starts[:, None] + column, 0)
     real = torch.tensor([r * q_len + j for r, n in enumerate(n_new) for j in range(n)], device=device)
     slots = context.gather(1, q_positions).reshape(-1)[real]
-    return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions),
-                 starts + counts)
+    query_row = torch.tensor([r for r, n in enumerate(n_new) for _ in range(n)], device=device)
+    query_keys = torch.tensor([seq.num_computed + j + 1 for seq, n in items for j in range(n)], device=device)
+    return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions), first,
+                 query_row, query_keys)
 
 
-DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                          torch.Tensor]
 
 
 class PagedKV:
     """Keys and values of every layer in blocks (see the module's docstring); grows on demand.
 
-    ``decode_attention(q, k_pool, v_pool, context, lengths)``, when given, computes the decoding
-    requests' attention straight from one layer's pool (``q`` ``(rows, heads, head_dim)``, the pools
-    ``(slots, kv_heads, head_dim)``, ``context`` and ``lengths`` as in :class:`Group`), instead of
-    gathering their keys and calling PyTorch's attention: a paged-attention kernel, such as
-    :func:`kvlib.fast.paged_decode_attention`."""
+    ``paged_attention(q, k_pool, v_pool, context, lengths, row)``, when given, computes every token's
+    attention straight from one layer's pool (``q`` ``(n, heads, head_dim)``, the pools ``(slots,
+    kv_heads, head_dim)``, ``context`` as in :class:`Group`, ``lengths`` and ``row`` its ``query_keys``
+    and ``query_row``; returns ``(n, heads, head_dim)``), instead of gathering the keys of each
+    group into a padded tensor for PyTorch's attention: a paged-attention kernel, such as
+    :func:`kvlib.fast.paged_attention`."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, block_size: int, num_blocks: int,
-                 dtype: torch.dtype, device: torch.device, decode_attention: DecodeAttention | None = None) -> None:
+                 dtype: torch.dtype, device: torch.device, paged_attention: PagedAttention | None = None) -> None:
         self.block_size = block_size
-        self.decode_attention = decode_attention
+        self.paged_attention = paged_attention
         shape = (n_layers, num_blocks * block_size, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -126,15 +135,18 @@ class PagedKV:
         heads, _, head_dim = q.shape[1:]
         outs = []
         for g in lay.groups:                                          # decoding requests, then prefilling ones
+            if self.paged_attention is not None:                      # each token from the pool in place
+                n = g.query_row.shape[0]
+                qg = q[0, :, g.first:g.first + n].transpose(0, 1)       # (n, heads, head_dim)
+                out = self.paged_attention(qg, pool_k, pool_v, g.context, g.query_keys, g.query_row)
+                outs.append(out.transpose(0, 1))                      # (heads, n, head_dim)
+                continue
             rows, q_len = g.queries.shape
             qg = q[0][:, g.queries.reshape(-1)].view(heads, rows, q_len, head_dim).transpose(0, 1)
-            if q_len == 1 and self.decode_attention is not None:     # (rows, heads, 1, head_dim) from the pool
-                out = self.decode_attention(qg[:, :, 0], pool_k, pool_v, g.context, g.lengths)[:, :, None]
-            else:
-                out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
-                                g.k_positions, dense=rows == 1, mask=g.mask)   # (rows, heads, q_len, head_dim)
+            out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
+                            g.k_positions, dense=rows == 1, mask=g.mask)   # (rows, heads, q_len, head_dim)
             outs.append(out.transpose(0, 1).reshape(heads, rows * q_len, head_dim)[:, g.real])
-        return torch.cat(outs, dim=1)[None]                             # (1, heads, tokens, head_dim)
+        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))[None]   # (1, heads, tokens, head_dim)
 
 
 def gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -149,15 +161,15 @@ Forward = Callable[[torch.Tensor, torch.Tensor, PagedKV, torch.Tensor], torch.Te
 class ModelRunner:
     """Runs a model over a :class:`PagedKV` pool, one step's plan per forward pass: ``forward(ids,
     positions, kv, last)``, by default :meth:`kvlib.Decoder.run` itself (eager); the engine passes
-    the compiled one (:func:`kvlib.serve.compiled.compiled_pass`). ``decode_attention``: the pool's
+    the compiled one (:func:`kvlib.serve.compiled.compiled_pass`). ``paged_attention``: the pool's
     (see :class:`PagedKV`)."""
 
     def __init__(self, model: torch.nn.Module, blocks: BlockManager, forward: Forward | None = None,
-                 decode_attention: DecodeAttention | None = None) -> None:
+                 paged_attention: PagedAttention | None = None) -> None:
         cfg, p = model.config, next(model.parameters())
         self.model, self.blocks = model, blocks
         self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, blocks.block_size,
-                          max(blocks.capacity, 1), p.dtype, p.device, decode_attention)
+                          max(blocks.capacity, 1), p.dtype, p.device, paged_attention)
         self.forward = forward or self._eager
 
     def _eager(self, ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV, last: torch.Tensor) -> torch.Tensor:

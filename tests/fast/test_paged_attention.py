@@ -1,5 +1,5 @@
-"""kvlib's paged decode attention (kvlib.fast.paged_decode_attention, ``paged_attention.cpp``): the
-attention of PyTorch on the gathered keys, to float32 rounding, for any grouping, lengths and slots;
+"""kvlib's paged attention (kvlib.fast.paged_attention, ``paged_attention.cpp``): the attention of
+PyTorch on the gathered keys, to float32 rounding, for any grouping, lengths, slots and queries a request;
 the engine with it chooses the tokens of the engine without it, compiled or not; bad input is named;
 and a kernel that reads one key too many is caught by the engine's test."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlib.attention import attention
-from kvlib.fast import kernels, paged_decode_attention
+from kvlib.fast import kernels, paged_attention
 from kvlib.serve import Request, serve
 from kvlib.serve.runner import gather
 
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.skipif(kernels.kernels_missing() is not None,
                                 reason=f"kvlib's CPU kernels cannot be built here: {kernels.kernels_missing()}")
 
 
-def reference(q, k_pool, v_pool, context, lengths):
-    """PyTorch's attention of each request's one query over its gathered keys: ``(rows, heads, head_dim)``."""
+def reference(q, k_pool, v_pool, context, lengths, row=None):
+    """PyTorch's attention of each query over its request's gathered keys: ``(n, heads, head_dim)``."""
+    context = context if row is None else context[row]                    # (n, k_len): each query's request
     keys = torch.arange(context.shape[1])
     k_pos = torch.where(keys < lengths[:, None], keys, -1)
     return attention(q[:, :, None], gather(k_pool, context), gather(v_pool, context), (lengths - 1)[:, None],
@@ -33,26 +34,48 @@ def reference(q, k_pool, v_pool, context, lengths):
 @given(rows=st.integers(1, 6), kv_heads=st.integers(1, 3), group=st.integers(1, 4),
        head_dim=st.sampled_from([4, 17, 32, 64]), slots=st.integers(1, 80), data=st.data())
 def test_the_kernel_is_pytorchs_attention_on_the_gathered_keys(rows, kv_heads, group, head_dim, slots, data):
+    """One query a request (decoding), as the engine's decoding group calls it."""
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     lengths = torch.tensor(data.draw(st.lists(st.integers(1, 40), min_size=rows, max_size=rows)))
     context = torch.randint(0, slots, (rows, int(lengths.max())), generator=g)
     q = torch.randn(rows, kv_heads * group, head_dim, generator=g) * 2
     k_pool, v_pool = (torch.randn(slots, kv_heads, head_dim, generator=g) for _ in range(2))
-    got = paged_decode_attention(q, k_pool, v_pool, context, lengths)
+    got = paged_attention(q, k_pool, v_pool, context, lengths)
     torch.testing.assert_close(got, reference(q, k_pool, v_pool, context, lengths), atol=2e-6, rtol=2e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kv_heads=st.integers(1, 3), group=st.integers(1, 4), head_dim=st.sampled_from([4, 17, 64]),
+       chunks=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12)), min_size=1, max_size=5), data=st.data())
+def test_prefilling_tokens_see_their_requests_keys_up_to_their_own(kv_heads, group, head_dim, chunks, data):
+    """Several queries a request (prefilling chunks after ``done`` computed tokens), as the engine's
+    prefilling group calls it: each token at position p over its request's keys 0 .. p."""
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    row = torch.tensor([r for r, (done, n) in enumerate(chunks) for _ in range(n)])
+    lengths = torch.tensor([done + j + 1 for done, n in chunks for j in range(n)])
+    slots = 50
+    context = torch.randint(0, slots, (len(chunks), int(lengths.max())), generator=g)
+    q = torch.randn(len(row), kv_heads * group, head_dim, generator=g) * 2
+    k_pool, v_pool = (torch.randn(slots, kv_heads, head_dim, generator=g) for _ in range(2))
+    got = paged_attention(q, k_pool, v_pool, context, lengths, row)
+    torch.testing.assert_close(got, reference(q, k_pool, v_pool, context, lengths, row), atol=2e-6, rtol=2e-5)
 
 
 def test_bad_input_is_named():
     q, pool = torch.zeros(2, 4, 8), torch.zeros(10, 2, 8)
     context, lengths = torch.zeros(2, 5, dtype=torch.long), torch.tensor([5, 3])
-    with pytest.raises(RuntimeError, match="request 1 sees 6 keys, but its context holds 5"):
-        paged_decode_attention(q, pool, pool, context, torch.tensor([5, 6]))
+    with pytest.raises(RuntimeError, match="query 1 sees 6 keys, but its request's context holds 5"):
+        paged_attention(q, pool, pool, context, torch.tensor([5, 6]))
     with pytest.raises(RuntimeError, match="slot 10 of request 0 is outside the pool of 10"):
-        paged_decode_attention(q, pool, pool, torch.full((2, 5), 10), lengths)
+        paged_attention(q, pool, pool, torch.full((2, 5), 10), lengths)
+    with pytest.raises(RuntimeError, match="query 0 belongs to request 2, but the context has 2"):
+        paged_attention(q, pool, pool, context, lengths, torch.tensor([2, 0]))
+    with pytest.raises(RuntimeError, match="one for each of q's 2 queries"):
+        paged_attention(q, pool, pool, context, lengths, torch.tensor([0]))
     with pytest.raises(RuntimeError, match="float32"):
-        paged_decode_attention(q.double(), pool, pool, context, lengths)
+        paged_attention(q.double(), pool, pool, context, lengths)
     with pytest.raises(RuntimeError, match="do not fit"):
-        paged_decode_attention(torch.zeros(2, 3, 8), pool, pool, context, lengths)
+        paged_attention(torch.zeros(2, 3, 8), pool, pool, context, lengths)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -62,7 +85,7 @@ def test_the_engine_with_the_kernel_chooses_the_engines_tokens(data):
     requests = data.draw(workloads())
     kwargs = engine_kwargs(data.draw, requests)
     plain = serve(model, requests, clock=step_clock(), **kwargs)
-    kernel = serve(model, requests, clock=step_clock(), decode_attention=paged_decode_attention, **kwargs)
+    kernel = serve(model, requests, clock=step_clock(), paged_attention=paged_attention, **kwargs)
     assert kernel.outputs == plain.outputs
 
 
@@ -71,19 +94,19 @@ def test_the_compiled_engine_with_the_kernel_chooses_the_engines_tokens():
     model = tiny_model(torch.float32)
     requests = [Request(list(range(1, 12)), 9), Request(list(range(20, 27)), 12), Request([5, 6, 7], 6)]
     plain = serve(model, requests, max_batch=2, block_size=4)
-    both = serve(model, requests, max_batch=2, block_size=4, compile=True, decode_attention=paged_decode_attention)
+    both = serve(model, requests, max_batch=2, block_size=4, compile=True, paged_attention=paged_attention)
     assert both.outputs == plain.outputs and len({t for out in plain.outputs for t in out}) > 3
 
 
 def test_a_kernel_that_reads_one_key_too_many_is_caught():
-    """A broken copy: each request also sees the slot after its last key (a stale key, or another
-    request's). The engine's tokens must change."""
-    def one_too_many(q, k_pool, v_pool, context, lengths):
+    """A broken copy: each token also sees the slot after its last key (a later token's key, a stale
+    key, or another request's). The engine's tokens must change."""
+    def one_too_many(q, k_pool, v_pool, context, lengths, row):
         wider = torch.cat([context, context[:, -1:] + 1], dim=1).clamp(max=k_pool.shape[0] - 1)
-        return paged_decode_attention(q, k_pool, v_pool, wider, lengths + 1)
+        return paged_attention(q, k_pool, v_pool, wider, lengths + 1, row)
 
     model = tiny_model(torch.float32)
     requests = [Request(list(range(1, 12)), 8), Request(list(range(20, 31)), 8)]
     plain = serve(model, requests, max_batch=2, block_size=4)
-    broken = serve(model, requests, max_batch=2, block_size=4, decode_attention=one_too_many)
+    broken = serve(model, requests, max_batch=2, block_size=4, paged_attention=one_too_many)
     assert broken.outputs != plain.outputs

@@ -67,7 +67,7 @@ def test_the_packed_model_compiles_with_its_products_as_operators():
 def test_attention_outside_a_forward_context_says_what_is_missing():
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(RuntimeError, match="forward_context"):
-        serve_compiled.paged_attention(q, q[:, :2], q[:, :2], 0)
+        serve_compiled.unified_attention(q, q[:, :2], q[:, :2], 0)
 
 
 def test_a_failing_compiler_gives_a_clear_error(model, monkeypatch):
