@@ -113,7 +113,8 @@ def teacher_forced(reference: Run, candidates: dict[str, Run], ids: Sequence[int
     through each one's KV cache (*teacher forcing*: every position gets the logits a decode step
     would, attending to the stored, possibly rounded, keys and values of all earlier tokens), and
     set each candidate's next-token distributions against the reference's at every position. The
-    reference runs once; only one window of logits is alive at a time. ``progress``: a tqdm label."""
+    reference runs once; only one window of the reference's logits and of one candidate's is alive at a
+    time. ``progress``: a tqdm label."""
     positive_int("window", window)
     ids = torch.as_tensor(list(ids) if not isinstance(ids, torch.Tensor) else ids, dtype=torch.long).cpu()
     if ids.dim() != 1 or ids.numel() < 2:
@@ -127,14 +128,28 @@ def teacher_forced(reference: Run, candidates: dict[str, Run], ids: Sequence[int
     parts: dict[str, list[list[torch.Tensor]]] = {name: [[], [], [], []] for name in candidates}
     for start in _windows(ids.numel(), window, progress):
         part, targets = ids[start:start + window], ids[start + 1:start + 1 + window]
-        logits = {name: model(part[None].to(model.device), caches[name])[0].cpu() for name, (model, _) in runs.items()}
-        ref = LogProbs(logits.pop("reference"))                                   # (window, vocab)
-        for name, got in logits.items():
-            got = LogProbs(got)
-            for bucket, value in zip(parts[name], (*ref.agreement(got), ref.nll(targets), got.nll(targets))):
+        ref = reference[0](part[None].to(reference[0].device), caches["reference"])[0].cpu()     # (window, vocab)
+        for name, (model, _) in candidates.items():                  # one candidate's logits alive at a time
+            got = model(part[None].to(model.device), caches[name])[0].cpu()
+            for bucket, value in zip(parts[name], _compare(ref, got, targets)):
                 bucket.append(value)
     return {name: Quality(*(torch.cat(b) for b in buckets), cache_bytes=caches[name].nbytes)
             for name, buckets in parts.items()}
+
+
+COMPARE_ROWS = 128       # positions compared at once: their float64 log-probabilities, not a whole window's
+
+
+def _compare(ref: torch.Tensor, got: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    """``(kl, same_top1, nll_reference, nll)`` of one window's logits ``(window, vocab)``, computed
+    :data:`COMPARE_ROWS` positions at a time (each position's float64 log-probabilities are 8 bytes
+    per word of the vocabulary: a window of 1,024 positions would hold 400 MB of them per model)."""
+    out: list[list[torch.Tensor]] = [[], [], [], []]
+    for i in range(0, ref.shape[0], COMPARE_ROWS):
+        r, g, t = LogProbs(ref[i:i + COMPARE_ROWS]), LogProbs(got[i:i + COMPARE_ROWS]), targets[i:i + COMPARE_ROWS]
+        for bucket, value in zip(out, (*r.agreement(g), r.nll(t), g.nll(t))):
+            bucket.append(value)
+    return [torch.cat(b) for b in out]
 
 
 def _windows(n: int, window: int, progress: str | None):

@@ -190,7 +190,12 @@ def test_an_unknown_block_type_is_a_clear_error(tmp_path):
 
 # ------------------------------------------------------------------- evaluate
 
-def test_evaluate_matches_a_direct_computation():
+@pytest.mark.parametrize("rows", [128, 3])
+def test_evaluate_matches_a_direct_computation(rows, monkeypatch):
+    """Also when each window's positions are compared a few at a time (rows=3: windows of 7 in
+    chunks of 3, the last window's targets one short)."""
+    from kvlib.measure import quality
+    monkeypatch.setattr(quality, "COMPARE_ROWS", rows)
     torch.manual_seed(0)
     reference = Decoder(Config.tiny()).double().eval()
     other = Decoder(Config.tiny()).double().eval()              # another model: float64, so windows cost no rounding
