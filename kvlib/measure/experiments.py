@@ -297,6 +297,7 @@ def steps_at_context(model: torch.nn.Module, prompt: Sequence[int], batch_sizes:
                 seconds.append(clock.seconds)
         points.append(_roofline_point(model, b, statistics.median(seconds[1:]), len(prompt) + n_steps // 2,
                                       bandwidth=bandwidth, flops_per_s=flops_per_s))
+        del cache             # freed before the next batch's cache is made: never two batches' caches at once
     return points
 
 
