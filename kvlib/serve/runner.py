@@ -78,8 +78,7 @@ def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first:
     q_positions = torch.where(is_token, starts[:, None] + column, 0)
     real = torch.tensor([r * q_len + j for r, n in enumerate(n_new) for j in range(n)], device=device)
     slots = context.gather(1, q_positions).reshape(-1)[real]
-    query_row = torch.tensor([r for r, n in enumerate(n_new) for _ in range(n)], device=device)
-    query_keys = torch.tensor([seq.num_computed + j + 1 for seq, n in items for j in range(n)], device=device)
+    query_row, query_keys = real // q_len, q_positions.reshape(-1)[real] + 1
     return Group(queries, q_positions, context, k_positions, real, slots, visible(q_positions, k_positions), first,
                  query_row, query_keys)
 
