@@ -129,7 +129,7 @@ student-check: setup model
 package-test: setup model
 	$(PY) -m pytest -q -p no:cacheprovider -m package tests/book_build/test_package.py
 
-## test-binder: nbval on every notebook held to Binder's 2 GiB of memory (not yet in make test).
+## test-binder: nbval on every notebook held to Binder's 2 GiB of memory (make test records the peaks only).
 test-binder: setup model
 	@rm -rf _build/notebook-memory
 	@for nb in $(NOTEBOOKS); do KVLIB_NOTEBOOK_MEMORY_LIMIT=2147483648 $(PY) $(NBVAL) -q $$nb || exit 1; done

@@ -8,6 +8,7 @@ move it with ``model.to(kvlib.default_device())``.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["ENV_VAR", "ENV_BFLOAT16", "default_device", "check_device", "describe_device", "cpu_name", "cpu_flags",
-           "bfloat16_is_fast", "compute_dtype", "describe_compute_dtype", "vector_instructions", "describe_machine"]
+           "bfloat16_is_fast", "compute_dtype", "describe_compute_dtype", "vector_instructions", "describe_machine",
+           "return_freed_memory"]
 
 ENV_VAR = "KVLIB_DEVICE"
 ENV_BFLOAT16 = "KVLIB_CPU_BFLOAT16"     # "0" or "1": overrides what bfloat16_is_fast reads off the CPU
@@ -172,3 +174,18 @@ def describe_device(device: str | torch.device) -> str:
     if device.type == "mps":
         return f"MPS (Apple GPU, {platform.machine()})"
     return str(device).upper()
+
+
+def return_freed_memory() -> bool:
+    """Give memory that the process has freed back to the operating system, where the C library
+    keeps it instead (glibc's ``malloc_trim``): True where it could ask, False elsewhere (macOS,
+    Windows, musl), where it does nothing. Freed blocks of a few megabytes, a layer's weight in
+    a temporary copy, stay in the process with glibc until it is told; kvlib calls this after it has
+    made and dropped such copies (loading, quantizing), so that a machine of 2 GiB (Binder) is not
+    filled by memory no tensor holds."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    trim(0)
+    return True

@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -366,3 +369,39 @@ def test_measurements_on_cuda(real_shapes):
 def test_the_gpu_check_script_runs_quick_on_cuda(capsys):
     assert _gpu_check().main(["--device", "cuda", "--quick"]) == 0
     assert "CUDA:" in capsys.readouterr().out
+
+
+FRAGMENT = """
+import ctypes, sys
+from kvlib.device import return_freed_memory
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
+libc.mallopt(-3, 32 * 2**20)                        # M_MMAP_THRESHOLD: blocks of 2 MiB come from the heap
+blocks = [libc.malloc(2**21) for _ in range(300)]   # 300 blocks of 2 MiB, touched
+for block in blocks:
+    ctypes.memset(block, 1, 2**21)
+for block in blocks[::2]:                           # every other one freed: the heap cannot shrink from its
+    libc.free(block)                                # top past the live ones between them
+before = rss()
+said = return_freed_memory() if sys.argv[1] == "trim" else None
+print(before, rss(), said)
+"""
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"),
+                    reason="malloc_trim is glibc's")
+@pytest.mark.parametrize("trim", [True, False])
+def test_return_freed_memory_gives_back_what_glibc_keeps(trim):
+    """With glibc, memory freed in the heap stays in the process until malloc_trim; the helper must
+    call it. The run without it shows that the freed memory would have stayed (else the test proves
+    nothing); a copy of the helper that only returns True fails the first case."""
+    out = subprocess.run([sys.executable, "-c", FRAGMENT, "trim" if trim else "keep"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    before, after = int(out[0]), int(out[1])
+    if trim:
+        assert out[2] == "True" and before - after > 200 * 2**20, f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
+    else:
+        assert before - after < 50 * 2**20, f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB without a trim"

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..compiled import define_op
+from ..device import return_freed_memory
 from ..model import Decoder
 from .fused import FusedAttention, FusedMLP
 
@@ -108,4 +109,5 @@ def pack(model: Decoder, *, fused: bool = False) -> Decoder:
             block.attn, block.mlp = FusedAttention(block.attn), FusedMLP(block.mlp)
         pack_linears(block)
     out.lm_head = PackedLinear(out.embed.weight)                   # (vocab, d_model): the tied embedding
+    return_freed_memory()                                          # the fused float copies
     return out.eval()

@@ -11,6 +11,7 @@ import torch
 
 from ..cache.base import KVCache
 from ..checks import positive_int
+from ..device import return_freed_memory
 
 __all__ = ["Agreement", "LogProbs", "next_token_agreement", "Quality", "teacher_forced", "plain_cache", "evaluate",
            "evaluate_many", "cache_quality"]
@@ -133,11 +134,12 @@ def teacher_forced(reference: Run, candidates: dict[str, Run], ids: Sequence[int
             got = model(part[None].to(model.device), caches[name])[0].cpu()
             for bucket, value in zip(parts[name], _compare(ref, got, targets)):
                 bucket.append(value)
+        return_freed_memory()        # the window's temporaries: freed, but between small results kept
     return {name: Quality(*(torch.cat(b) for b in buckets), cache_bytes=caches[name].nbytes)
             for name, buckets in parts.items()}
 
 
-COMPARE_ROWS = 128       # positions compared at once: their float64 log-probabilities, not a whole window's
+COMPARE_ROWS = 32        # positions compared at once: their float64 log-probabilities, not a whole window's
 
 
 def _compare(ref: torch.Tensor, got: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:

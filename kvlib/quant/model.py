@@ -6,7 +6,7 @@ import copy
 
 from torch import nn
 
-from ..device import compute_dtype
+from ..device import compute_dtype, return_freed_memory
 from ..model import Decoder
 from .linear import INT4_GROUP_SIZES, Int4Linear, Int8Linear
 
@@ -50,11 +50,16 @@ def quantize(model: Decoder, scheme: str, *, group_size: int = 32, output_layer:
         if scheme == "int4" and linear.in_features % group_size:
             raise ValueError(f"group_size={group_size} does not divide the input width {linear.in_features} of "
                              f"a {name} layer; choose a divisor of it")
-    out = copy.deepcopy(model)
+    # The copy's linear layers, replaced below, hold the original's weights meanwhile rather than copies of
+    # them: a float32 model's worth of copies is never made (nor freed, which a process rarely gives back).
+    weights = {id(linear.weight): linear.weight for _, _, linear in linear_layers(model)}
+    out = copy.deepcopy(model, memo=weights)
     for (parent, name, linear), (_, _, source) in zip(linear_layers(out), linear_layers(model)):
         weight = source.weight.detach().float()                         # from the float32 original, not a copy in bf16
         layer = Int8Linear.from_weight(weight) if scheme == "int8" else Int4Linear.from_weight(weight, group_size)
         setattr(parent, name, layer)
     if output_layer:
         out.lm_head = Int8Linear.from_weight(model.embed.weight.detach().float())
-    return out.to(compute_dtype(model.device)).eval()
+    out = out.to(compute_dtype(model.device)).eval()
+    return_freed_memory()                                               # the rounding's temporaries
+    return out

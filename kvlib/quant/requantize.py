@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..device import return_freed_memory
 from ..model import Decoder
 from .formats import bits_per_weight, dequantize_int4_groups, quantize_asymmetric, quantize_int4_groups
 from .model import is_quantized, linear_layers
@@ -95,8 +96,12 @@ def requantize(model: Decoder, grid: str) -> Decoder:
     _grid(grid)
     if is_quantized(model):
         raise ValueError("this model is already quantized: requantize the float model it came from")
-    out = copy.deepcopy(model, memo={id(model.embed.weight): model.embed.weight})
+    # Shared, not copied: the embedding, and the original weights until each is replaced by its rounded copy
+    # (one layer's float copy at a time, never a model's worth).
+    shared = {id(t): t for t in [model.embed.weight, *(linear.weight for _, _, linear in linear_layers(model))]}
+    out = copy.deepcopy(model, memo=shared)
     for _, _, linear in linear_layers(out):
         weight: nn.Parameter = linear.weight
-        weight.data = requantized_weight(weight, grid).to(weight.dtype)
+        linear.weight = nn.Parameter(requantized_weight(weight, grid).to(weight.dtype), requires_grad=weight.requires_grad)
+    return_freed_memory()                                               # the rounding's temporaries
     return out.eval()

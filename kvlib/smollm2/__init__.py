@@ -39,7 +39,7 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype | 
     Raises :class:`kvlib.ModelFileError` if the file is missing or damaged, and a
     ``ValueError`` if ``device=None`` and ``KVLIB_DEVICE`` names a device this machine lacks.
     """
-    from ..device import compute_dtype, default_device
+    from ..device import compute_dtype, default_device, return_freed_memory
 
     device = default_device() if device is None else device
     file = smollm2_path(path, download=download)
@@ -49,4 +49,5 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype | 
     else:
         model = load_gguf_decoder(reader, path=file, dtype=dtype or torch.float32, device=device)
     tokenizer = Tokenizer.from_gguf(reader, path=file)
+    return_freed_memory()                                 # the dequantized copies of the file's tensors
     return model, tokenizer
