@@ -15,10 +15,10 @@ from .formats import (bits_per_weight, dequantize_int4_groups, dequantize_int8_r
                       unpack_int4)
 from .linear import COMPUTE_DTYPE, Int4Linear, Int8Linear
 from .model import SCHEMES, is_quantized, linear_layers, quantize
-from .requantize import GRIDS, Grid, gguf_round_trip, requantize, requantized_weight
+from .requantize import GRIDS, Grid, RoundedLinear, gguf_round_trip, requantize, requantized_weight
 
 __all__ = ["quantize", "Int8Linear", "Int4Linear", "COMPUTE_DTYPE", "SCHEMES",
            "is_quantized", "linear_layers", "quantize_int8_rows", "dequantize_int8_rows",
            "quantize_int4_groups", "dequantize_int4_groups", "quantize_symmetric", "quantize_asymmetric", "pack_int4", "unpack_int4",
            "bits_per_weight", "q4_1_blocks", "q4_1_as_int4_groups", "GRIDS", "Grid", "gguf_round_trip",
-           "requantize", "requantized_weight"]
+           "requantize", "requantized_weight", "RoundedLinear"]

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..device import return_freed_memory
@@ -27,7 +28,7 @@ from ..model import Decoder
 from .formats import bits_per_weight, dequantize_int4_groups, quantize_asymmetric, quantize_int4_groups
 from .model import is_quantized, linear_layers
 
-__all__ = ["Grid", "GRIDS", "gguf_round_trip", "requantized_weight", "requantize"]
+__all__ = ["Grid", "GRIDS", "gguf_round_trip", "requantized_weight", "requantize", "RoundedLinear"]
 
 
 @dataclass(frozen=True)
@@ -88,20 +89,44 @@ def requantized_weight(w: torch.Tensor, grid: str) -> torch.Tensor:
     return _grid(grid).round_trip(w.detach().float()).to(torch.float32)
 
 
-def requantize(model: Decoder, grid: str) -> Decoder:
+class RoundedLinear(nn.Module):
+    """``linear`` with its weight rounded to ``grid`` and back each time it runs, the rounded copy
+    dropped after the product: the same products as :func:`requantize`'s layer, one layer's
+    rounded weight held at a time. ``linear`` itself (its weight) is not changed."""
+
+    def __init__(self, linear: nn.Linear, grid: str) -> None:
+        super().__init__()
+        _grid(grid)
+        self.linear, self.grid = linear, grid
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.linear.weight
+        return F.linear(x, requantized_weight(w, self.grid).to(w.dtype), self.linear.bias)
+
+
+def requantize(model: Decoder, grid: str, *, as_it_runs: bool = False) -> Decoder:
     """A copy of the float ``model`` whose linear layers hold their weights rounded to ``grid`` and
     back (:func:`requantized_weight`), still ``nn.Linear`` in the model's dtype: what the rounding
     alone does, with the arithmetic unchanged. The embedding (also the output layer) is not
-    rounded, and the copy shares it with ``model`` rather than storing it twice."""
+    rounded, and the copy shares it with ``model`` rather than storing it twice.
+
+    ``as_it_runs=True``: the copy shares every tensor with ``model`` and each linear layer rounds its
+    weight when it runs (:class:`RoundedLinear`): the same predictions, without a rounded model
+    held in memory, at the cost of rounding again on every forward pass."""
     _grid(grid)
     if is_quantized(model):
         raise ValueError("this model is already quantized: requantize the float model it came from")
     # Shared, not copied: the embedding, and the original weights until each is replaced by its rounded copy
-    # (one layer's float copy at a time, never a model's worth).
-    shared = {id(t): t for t in [model.embed.weight, *(linear.weight for _, _, linear in linear_layers(model))]}
-    out = copy.deepcopy(model, memo=shared)
-    for _, _, linear in linear_layers(out):
-        weight: nn.Parameter = linear.weight
-        linear.weight = nn.Parameter(requantized_weight(weight, grid).to(weight.dtype), requires_grad=weight.requires_grad)
+    # (one layer's float copy at a time, never a model's worth); with as_it_runs, every tensor.
+    tensors = [*model.parameters(), *model.buffers()] if as_it_runs else \
+        [model.embed.weight, *(linear.weight for _, _, linear in linear_layers(model))]
+    out = copy.deepcopy(model, memo={id(t): t for t in tensors})
+    for parent, name, linear in linear_layers(out):
+        if as_it_runs:
+            setattr(parent, name, RoundedLinear(linear, grid))
+        else:
+            weight: nn.Parameter = linear.weight
+            linear.weight = nn.Parameter(requantized_weight(weight, grid).to(weight.dtype),
+                                         requires_grad=weight.requires_grad)
     return_freed_memory()                                               # the rounding's temporaries
     return out.eval()

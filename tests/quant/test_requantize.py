@@ -10,7 +10,7 @@ import torch
 
 from kvlib import Config, Decoder
 from kvlib.quant import (GRIDS, dequantize_int4_groups, gguf_round_trip, linear_layers, quantize, quantize_asymmetric,
-                         quantize_int4_groups, requantize, requantized_weight)
+                         quantize_int4_groups, requantize, requantized_weight, RoundedLinear)
 
 
 def _weight(out=8, inp=192, seed=0) -> torch.Tensor:
@@ -80,6 +80,24 @@ def test_requantize_copies_shares_the_embedding_and_rounds_every_layer():
     ids = torch.arange(10)[None]
     assert copy(ids).shape == model(ids).shape
 
+
+
+@pytest.mark.parametrize("grid", ["Q4_0", "3-bit, groups of 32"])
+def test_requantize_as_it_runs_predicts_as_the_rounded_copy_and_holds_no_copy(grid):
+    """The copy that rounds as it runs: the same logits as the rounded copy, every tensor the
+    original's (no rounded weight kept), and the original unchanged after a forward pass."""
+    torch.manual_seed(0)
+    model = Decoder(Config.tiny()).eval()
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    held, lazy = requantize(model, grid), requantize(model, grid, as_it_runs=True)
+    ids = torch.arange(12)[None]
+    assert torch.equal(lazy(ids), held(ids))
+    assert not torch.equal(lazy(ids), model(ids))                        # it does round
+    originals = {t.data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    assert all(t.data_ptr() in originals for t in [*lazy.parameters(), *lazy.buffers()])
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), f"requantize changed the original's {name}"
+    assert sum(isinstance(m, RoundedLinear) for m in lazy.modules()) == len(linear_layers(model))
 
 def test_requantize_says_what_is_wrong():
     model = Decoder(Config.tiny()).eval()
