@@ -13,8 +13,8 @@ of its kernels reached (the operating system's own count, ``RUSAGE_CHILDREN``) i
 ``_build/notebook-memory/`` (``make test`` runs one notebook per process, so each figure is one
 notebook's; ``make test-times`` prints them). With ``KVLIB_NOTEBOOK_MEMORY_LIMIT`` set (bytes;
 ``make test-binder`` sets Binder's 2 GiB), a notebook that grows past it fails the run, saying
-which and by how much. ``make test`` does not set it: the heaviest notebooks (sections 8 and 12) peak within a tenth of a
-GiB of it, and a peak moves by as much between runs.
+which and by how much. ``make test`` does not set it: the heaviest notebooks (sections 8 and 12)
+peak within about 0.2 GiB of it, and a peak moves by as much between runs.
 """
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def return_freed_memory() -> bool:
     filled by memory no tensor holds."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):    # no malloc_trim (macOS, musl); Windows's CDLL(None)
         return False
     trim(0)
     return True

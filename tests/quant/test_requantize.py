@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvlib import Config, Decoder
-from kvlib.quant import (GRIDS, dequantize_int4_groups, gguf_round_trip, linear_layers, quantize, quantize_asymmetric,
-                         quantize_int4_groups, requantize, requantized_weight, RoundedLinear)
+from kvlib.quant import (GRIDS, RoundedLinear, dequantize_int4_groups, gguf_round_trip, linear_layers, quantize,
+                         quantize_asymmetric, quantize_int4_groups, requantize, requantized_weight)
 
 
 def _weight(out=8, inp=192, seed=0) -> torch.Tensor:
@@ -81,7 +81,6 @@ def test_requantize_copies_shares_the_embedding_and_rounds_every_layer():
     assert copy(ids).shape == model(ids).shape
 
 
-
 @pytest.mark.parametrize("grid", ["Q4_0", "3-bit, groups of 32"])
 def test_requantize_as_it_runs_predicts_as_the_rounded_copy_and_holds_no_copy(grid):
     """The copy that rounds as it runs: the same logits as the rounded copy, every tensor the
@@ -98,6 +97,7 @@ def test_requantize_as_it_runs_predicts_as_the_rounded_copy_and_holds_no_copy(gr
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), f"requantize changed the original's {name}"
     assert sum(isinstance(m, RoundedLinear) for m in lazy.modules()) == len(linear_layers(model))
+
 
 def test_requantize_says_what_is_wrong():
     model = Decoder(Config.tiny()).eval()
