@@ -154,7 +154,8 @@ def _serving(result: dict) -> list[str]:
                  "\"From kvlib to vLLM\"): the same float32 weights, the same streams, greedy, the same block size, "
                  f"batch limit and prefix caching; the median of {serving['repeats']} timed runs per engine. `kvlib`: "
                  "the model as loaded, eager; `kvlib_fast`: as vLLM's CPU build runs its model, the matrices fused and "
-                 "packed for oneDNN, the forward pass compiled with attention as one operator.", "",
+                 "packed once for a matrix kernel (oneDNN, or kvlib's panels where kvlib's kernels build with AVX-512), "
+                 "the forward pass compiled with attention as one operator.", "",
              "| stream | engine | kvlib tok/s | vLLM tok/s | kvlib / vLLM | first token, median (kvlib / vLLM) | "
              "from the prefix cache (kvlib / vLLM) | answers identical to vLLM's |", "|---|---|---:|---:|---:|---|---|---|"]
     rows = {(r["stream"], r["engine"]): r for r in serving["rows"]}

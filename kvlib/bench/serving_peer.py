@@ -12,8 +12,8 @@ Both engines hold the same float32 weights: :func:`export_hf` writes kvlib's own
 worker checks that folder's logits against kvlib's before anything is timed. kvlib's engine
 serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, eager, and
 as vLLM's CPU build runs its own: :func:`fast_float32`'s copy, whose matrices are laid out as vLLM
-lays out its own (the same numbers, fused and packed for oneDNN), its forward pass compiled with
-attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`), the decoding
+lays out its own (the same numbers, fused, and packed once for a matrix kernel: oneDNN, or kvlib's
+own panels), its forward pass compiled with attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`), the decoding
 requests' attention read from the paged blocks in place (:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the
 same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
 :class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
@@ -38,7 +38,7 @@ from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
 from ..fast import fuse, kernels_missing, paged_attention
-from ..fast.packed import pack, packing_unavailable
+from ..fast.packed import KERNELS, pack, packing_kernel, packing_unavailable
 from ..generate import generate
 from ..paths import cache_dir
 from ..serve import Engine, Request, ServeReport
@@ -58,7 +58,7 @@ VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": 
 # kvlib's two ways of serving the streams, by their keys in the record: the Engine on the model as
 # the chapter loads it, eager; and as vLLM runs its model (kvlib_engines).
 KVLIB_ENGINES = {"kvlib": "kvlib's Engine, the model as loaded (F.linear: PyTorch's BLAS), eager",
-                 "kvlib_fast": "kvlib's Engine as vLLM runs its model: fused, packed for oneDNN, compiled, "
+                 "kvlib_fast": "kvlib's Engine as vLLM runs its model: fused, packed for a matrix kernel, compiled, "
                                "attention read from the paged blocks"}
 ENGINES = (*KVLIB_ENGINES, "vllm")
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -153,12 +153,14 @@ def export_hf(model: torch.nn.Module, out_dir: Path, gguf_path: Path | None = No
 def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     """``model``'s matrices laid out as vLLM's CPU build lays out its own, and what was done: q, k
     and v in one matrix, gate and up in another (:func:`kvlib.fast.fuse`, vLLM's ``qkv_proj`` and
-    ``gate_up_proj``), every weight packed once for oneDNN (:func:`kvlib.fast.packed.pack`, vLLM's
-    ``dispatch_cpu_unquantized_gemm``) where this PyTorch has oneDNN. The same float32 numbers."""
+    ``gate_up_proj``), every weight packed once for a matrix kernel (:func:`kvlib.fast.packed.pack`:
+    oneDNN's layout, as vLLM's ``dispatch_cpu_unquantized_gemm``, or kvlib's panels where they are
+    faster, :func:`~kvlib.fast.packed.packing_kernel`). The same float32 numbers."""
     why = packing_unavailable(model)
     if why:
         return fuse(model), f"fused; not packed: {why}"
-    return pack(model, fused=True), "fused, packed for oneDNN"
+    kernel = packing_kernel()
+    return pack(model, fused=True, kernel=kernel), f"fused, packed for {KERNELS[kernel]}"
 
 
 def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Module, dict]], str]:

@@ -1,6 +1,7 @@
-"""kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file), and
-the serving engine's paged attention (``paged_attention.cpp``, :func:`paged_attention`),
-built on first use with the machine's C++ compiler and kept in kvlib's folder.
+"""kvlib's own CPU kernels for block-quantized weights (``cpu_kernels.cpp`` beside this file), the
+serving engine's paged attention (``paged_attention.cpp``, :func:`paged_attention`) and a float32
+product for a few rows that streams each weight once (``panels.cpp``, :func:`panel_simd`; used by
+:func:`kvlib.fast.pack`), built on first use with the machine's C++ compiler and kept in kvlib's folder.
 
 They multiply as llama.cpp does on a CPU: each row of activations is rounded to 8-bit integers
 in blocks of 32 (a float scale per block), and each block of weights is multiplied with integer
@@ -32,12 +33,12 @@ from ..device import cpu_flags
 from ..paths import cache_dir
 
 __all__ = ["ENV_SIMD", "SOURCES", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
-           "kernels_missing", "simd", "quantize_rows_reference", "reference_mm", "paged_attention"]
+           "kernels_missing", "simd", "panel_simd", "quantize_rows_reference", "reference_mm", "paged_attention"]
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "paged_attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "paged_attention.cpp", "panels.cpp")]
 BLOCK = 32                                    # weights (and activations) per block
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}        # ggml's block_q4_1 and block_q8_0
-ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": build the plain loops even where AVX2 exists
+ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": plain loops even where AVX2 exists; "avx2": no AVX-512
 _LIB = "libkvlib_cpu_kernels.so"
 _state: dict[str, object] = {}                # "loaded": path, or "error": why not
 
@@ -50,10 +51,13 @@ def compiler() -> str | None:
 
 def simd_flags() -> list[str]:
     """The compiler flags for this CPU's vector instructions: AVX2 with FMA and F16C on an x86 CPU
-    that has all three (``KVLIB_KERNELS_SIMD=off`` leaves them out), else none (plain loops)."""
-    if os.environ.get(ENV_SIMD, "").lower() == "off" or platform.machine().lower() not in ("x86_64", "amd64"):
+    that has all three, and AVX-512F too where it has that (``panels.cpp`` uses it);
+    ``KVLIB_KERNELS_SIMD=off`` leaves them all out, ``KVLIB_KERNELS_SIMD=avx2`` leaves out AVX-512.
+    None elsewhere (plain loops)."""
+    choice, flags = os.environ.get(ENV_SIMD, "").lower(), cpu_flags()
+    if choice == "off" or platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma", "f16c"} <= flags:
         return []
-    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= cpu_flags() else []
+    return ["-mavx2", "-mfma", "-mf16c"] + (["-mavx512f"] if "avx512f" in flags and choice != "avx2" else [])
 
 
 def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
@@ -118,6 +122,14 @@ def kernels_missing() -> str | None:
     return None if load() else str(_state["error"])
 
 
+def panel_simd() -> str:
+    """Which code the loaded float32 panel product (``panels.cpp``) runs: ``"avx512"``, ``"avx2"``
+    or ``"plain loops"``."""
+    if not load():
+        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    return torch.ops.kvlib_cpu.panel_simd()
+
+
 def simd() -> str:
     """Which code the loaded kernels run: ``"avx2"`` or ``"plain loops"``."""
     if not load():
@@ -130,6 +142,7 @@ def _register_fakes() -> None:
     for name in ("q4_1_mm", "q8_0_mm"):
         torch.library.register_fake(f"kvlib_cpu::{name}")(lambda x, w, n: x.new_empty(*x.shape[:-1], n))
     torch.library.register_fake("kvlib_cpu::paged_attention")(lambda q, k, v, c, n, row, scale: torch.empty_like(q))
+    torch.library.register_fake("kvlib_cpu::panel_mm")(lambda x, p, out: x.new_empty(*x.shape[:-1], out))
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,

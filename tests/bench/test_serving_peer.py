@@ -16,6 +16,7 @@ from kvlib.bench import serving_peer
 from kvlib.bench.serving_peer import (Stream, compare_tokens, export_hf, hf_state_dict, streams, summary,
                                       vllm_missing)
 from kvlib.data import reference_serving
+from kvlib.fast.packed import KERNELS, PackedLinear, packing_kernel
 
 from tiny_models import tiny_model
 
@@ -96,14 +97,17 @@ def test_the_summary_has_a_row_for_each_engine_the_record_holds_in_order():
 
 
 def test_the_fast_layout_computes_the_models_logits():
-    """fast_float32: the chapter's float32 model fused and, where oneDNN is there, packed: the same
-    function up to the order of float32 additions, and the original left as it was."""
+    """fast_float32: the chapter's float32 model fused and packed for the kernel this machine packs
+    for (kvlib's panels or oneDNN): the same function up to the order of float32 additions, and the
+    original left as it was."""
     model = tiny_model()
     fast, layout = serving_peer.fast_float32(model)
     ids = torch.tensor([[3, 14, 15, 9, 26, 5, 35, 8]])
     with torch.no_grad():
         assert (fast(ids) - model(ids)).abs().max() < 1e-4
-    assert layout.startswith("fused") and ("packed for oneDNN" in layout) == torch.backends.mkldnn.is_available()
+    kernel = packing_kernel()
+    assert layout == f"fused, packed for {KERNELS[kernel]}" if kernel else layout.startswith("fused; not packed: ")
+    assert {m.kernel for m in fast.modules() if isinstance(m, PackedLinear)} == ({kernel} if kernel else set())
     assert model.lm_head is None and not kvlib.fast.is_fused(model)
 
 
