@@ -130,9 +130,12 @@ package-test: setup model
 	$(PY) -m pytest -q -p no:cacheprovider -m package tests/book_build/test_package.py
 
 ## test-binder: nbval on every notebook held to Binder's 2 GiB of memory (make test records the peaks only).
+## (With glibc's mmap threshold that binder/start sets for Binder's kernels.)
+BINDER_MMAP_THRESHOLD = $(shell sed -n 's/^export MALLOC_MMAP_THRESHOLD_=//p' binder/start)
 test-binder: setup model
 	@rm -rf _build/notebook-memory
-	@for nb in $(NOTEBOOKS); do KVLIB_NOTEBOOK_MEMORY_LIMIT=2147483648 $(PY) $(NBVAL) -q $$nb || exit 1; done
+	@for nb in $(NOTEBOOKS); do MALLOC_MMAP_THRESHOLD_=$(BINDER_MMAP_THRESHOLD) KVLIB_NOTEBOOK_MEMORY_LIMIT=2147483648 \
+	  $(PY) $(NBVAL) -q $$nb || exit 1; done
 	@$(MAKE) --no-print-directory test-times-memory
 
 ## test-times: the wall time of each phase of the last `make test`, and each notebook's peak memory.

@@ -38,3 +38,14 @@ def test_binder_installs_kvlib_and_fetches_the_model():
 
 def test_binder_runs_the_tested_python():
     assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.11"
+
+
+def test_binder_starts_kernels_with_the_malloc_setting_make_test_binder_measures_with():
+    """binder/start hands large freed blocks back to the system (glibc's mmap threshold), and
+    `make test-binder` holds the notebooks to 2 GiB with the same value, read from that file."""
+    start = ROOT / "binder" / "start"
+    assert start.stat().st_mode & 0o111, "binder/start must be executable"
+    lines = start.read_text().splitlines()
+    assert "export MALLOC_MMAP_THRESHOLD_=4194304" in lines and lines[-1] == 'exec "$@"'
+    make = (ROOT / "Makefile").read_text()
+    assert "MALLOC_MMAP_THRESHOLD_=$(BINDER_MMAP_THRESHOLD)" in make and "binder/start" in make
