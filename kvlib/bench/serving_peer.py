@@ -13,12 +13,13 @@ worker checks that folder's logits against kvlib's before anything is timed. kvl
 serves each stream twice (:data:`KVLIB_ENGINES`): on the model as the chapter loads it, eager, and
 as vLLM's CPU build runs its own: :func:`fast_float32`'s copy, whose matrices are laid out as vLLM
 lays out its own (the same numbers, fused, and packed once for a matrix kernel: oneDNN, or kvlib's
-own panels), its forward pass compiled with attention as one operator (``Engine(..., compile=True)``, :mod:`kvlib.serve.compiled`), the decoding
-requests' attention read from the paged blocks in place (:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the
-same block size, batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`,
-:class:`Stream`), warmed up first, then timed :data:`REPEATS` times from an empty prefix cache
-(the run of median time is kept); every request writes exactly ``max_tokens`` tokens (EOS
-ignored), so all do the same work.
+own panels), its forward pass compiled with attention as one operator (``Engine(..., compile=True)``,
+:mod:`kvlib.serve.compiled`), the decoding requests' attention read from the paged blocks in place
+(:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the same block size,
+batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`, :class:`Stream`),
+warmed up first, then timed :data:`REPEATS` times from an empty prefix cache (the run of median
+time is kept); every request writes exactly ``max_tokens`` tokens (EOS ignored), so all do the
+same work.
 """
 from __future__ import annotations
 

@@ -13,10 +13,8 @@ may differ.
 
 :func:`pack` returns a copy of a float32 :class:`kvlib.Decoder` (plain, :func:`~kvlib.fast.fuse`'d, or
 fused on the way with ``fused=True``) whose ``nn.Linear`` layers, and its tied output layer, are
-:class:`PackedLinear`, for the kernel :func:`packing_kernel` names (``"panels"`` where kvlib's
-kernels are built with AVX-512, which there beat oneDNN at every row count measured; ``"onednn"``
-elsewhere, where kvlib's AVX2 panels lose to oneDNN from 8 rows on). Where neither kernel is
-here, or the model is not a float32 model on the CPU, :func:`pack` says why and changes nothing.
+:class:`PackedLinear`, for the kernel :func:`packing_kernel` names. Where neither kernel is here,
+or the model is not a float32 model on the CPU, :func:`pack` says why and changes nothing.
 """
 from __future__ import annotations
 
@@ -76,13 +74,16 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, float32 packed for {KERNELS[self.kernel]}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"float32 packed for {KERNELS[self.kernel]}")
 
 
 def packing_kernel() -> str | None:
     """The kernel :func:`pack` uses here by default: ``"panels"`` where kvlib's kernels build with
-    AVX-512, else ``"onednn"`` where PyTorch has oneDNN, else ``"panels"`` where kvlib's kernels
-    build at all (AVX2 or plain loops); ``None`` where there is neither."""
+    AVX-512 (there the panels kept pace with oneDNN at many rows and read the weights faster at a
+    few); else ``"onednn"`` where PyTorch has oneDNN (built for AVX2 alone, the panels fall behind
+    oneDNN once a step has more than a few rows); else ``"panels"`` where kvlib's kernels build at
+    all; ``None`` where there is neither. The page *From kvlib to vLLM* gives the measurements."""
     ours = kernels_missing() is None
     if ours and panel_simd() == "avx512":
         return "panels"
@@ -95,9 +96,11 @@ def packing_unavailable(model: nn.Module, kernel: str | None = None) -> str | No
     """``None`` when :func:`pack` can pack ``model`` for ``kernel`` (default :func:`packing_kernel`);
     else why not, in a sentence."""
     kernel = kernel or packing_kernel()
-    if kernel is None or (kernel == "onednn" and not torch.backends.mkldnn.is_available()):
-        return "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)" + \
-            ("" if kernel else f" and kvlib's kernels are not here: {kernels_missing()}")
+    no_onednn = "this PyTorch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if kernel is None:
+        return f"{no_onednn} and kvlib's kernels are not here: {kernels_missing()}"
+    if kernel == "onednn" and not torch.backends.mkldnn.is_available():
+        return no_onednn
     if kernel == "panels" and kernels_missing():
         return f"kvlib's kernels are not here: {kernels_missing()}"
     weight = next(model.parameters())
@@ -124,8 +127,9 @@ def pack_linears(module: nn.Module, kernel: str = "onednn") -> None:
 def pack(model: Decoder, *, fused: bool = False, kernel: str | None = None) -> Decoder:
     """A copy of ``model`` whose ``nn.Linear`` layers and tied output layer are :class:`PackedLinear`
     for ``kernel`` (default :func:`packing_kernel`), with ``fused=True`` fused first
-    (:class:`~kvlib.fast.FusedAttention`, :class:`~kvlib.fast.FusedMLP`); ``model`` is left as it was. The copy's other parameters (the embedding, the norms) are
-    ``model``'s own tensors, shared, not copied; its output layer is a packed copy of the embedding.
+    (:class:`~kvlib.fast.FusedAttention`, :class:`~kvlib.fast.FusedMLP`); ``model`` is left as it
+    was. The copy's other parameters (the embedding, the norms) are ``model``'s own tensors,
+    shared, not copied; its output layer is a packed copy of the embedding.
     Each layer is fused and packed in turn, so a model's worth of copies is never held at once.
     ValueError, saying why, where packing is unavailable (:func:`packing_unavailable`) or ``model``
     has an output layer of its own."""

@@ -106,7 +106,7 @@ def test_the_fast_layout_computes_the_models_logits():
     with torch.no_grad():
         assert (fast(ids) - model(ids)).abs().max() < 1e-4
     kernel = packing_kernel()
-    assert layout == f"fused, packed for {KERNELS[kernel]}" if kernel else layout.startswith("fused; not packed: ")
+    assert (layout == f"fused, packed for {KERNELS[kernel]}") if kernel else layout.startswith("fused; not packed: ")
     assert {m.kernel for m in fast.modules() if isinstance(m, PackedLinear)} == ({kernel} if kernel else set())
     assert model.lm_head is None and not kvlib.fast.is_fused(model)
 
