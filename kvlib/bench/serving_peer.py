@@ -16,7 +16,8 @@ lays out its own (the same numbers, fused, and packed once for a matrix kernel: 
 own panels), its forward pass compiled with attention as one operator (``Engine(..., compile=True)``,
 :mod:`kvlib.serve.compiled`), the decoding requests' attention read from the paged blocks in place
 (:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the same block size,
-batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`, :class:`Stream`),
+batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`, :class:`Stream`), its KV
+pool allocated before the clock starts (:meth:`Stream.kv_blocks`, as vLLM's KV cache space),
 warmed up first, then timed :data:`REPEATS` times from an empty prefix cache (the run of median
 time is kept); every request writes exactly ``max_tokens`` tokens (EOS ignored), so all do the
 same work.
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache.paging import blocks_for
 from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
@@ -75,6 +77,12 @@ class Stream:
     max_tokens: int
     max_batch: int
     prefix_caching: bool
+
+    def kv_blocks(self) -> int:
+        """Blocks of :data:`BLOCK_SIZE` that hold every request whole, none shared: kvlib's pool,
+        allocated when the engine is made, before the clock starts, as vLLM allocates its KV cache
+        space when it starts (nothing is evicted or preempted in either)."""
+        return sum(blocks_for(len(p) + self.max_tokens, BLOCK_SIZE) for p in self.prompts)
 
     def vllm_engine(self) -> dict:
         """The same settings in :class:`vllm.LLM`'s words."""
@@ -183,8 +191,8 @@ def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **
     warm-up (which compiles), then ``repeats`` timed runs, each on a fresh engine (an empty prefix
     cache); the run of median time, with every run's time."""
     def engine() -> Engine:
-        return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, prefill_chunk=STEP_TOKENS,
-                      prefix_caching=stream.prefix_caching, **options)
+        return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, num_blocks=stream.kv_blocks(),
+                      prefill_chunk=STEP_TOKENS, prefix_caching=stream.prefix_caching, **options)
 
     requests = [Request(p, stream.max_tokens) for p in stream.prompts]
     engine().serve(requests[:stream.max_batch])

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "simd.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KVLIB_AVX2 1
@@ -92,12 +94,7 @@ void quantize_block(const float* x, BlockQ8_1* y) {
 }
 
 #ifdef KVLIB_AVX2
-inline float hsum(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
+using kvlib_simd::hsum8;
 
 // sum over 32 bytes of u * s (u unsigned 0..255, s signed), as 8 floats of partial sums.
 inline __m256 dot_us8(__m256i u, __m256i s) {
@@ -131,7 +128,7 @@ void q4_1_row(const BlockQ4_1* w, const BlockQ8_1* const* a, int64_t nb, float* 
       mins[j] += mw * y.s;
     }
   }
-  for (int j = 0; j < R; ++j) out[j] = hsum(acc[j]) + mins[j];
+  for (int j = 0; j < R; ++j) out[j] = hsum8(acc[j]) + mins[j];
 #else
   for (int j = 0; j < R; ++j) {
     float total = 0.0f;
@@ -163,7 +160,7 @@ void q8_0_row(const BlockQ8_0* w, const BlockQ8_1* const* a, int64_t nb, float* 
       acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), dot_us8(abs_w, _mm256_sign_epi8(qy, qw)), acc[j]);
     }
   }
-  for (int j = 0; j < R; ++j) out[j] = hsum(acc[j]);
+  for (int j = 0; j < R; ++j) out[j] = hsum8(acc[j]);
 #else
   for (int j = 0; j < R; ++j) {
     float total = 0.0f;

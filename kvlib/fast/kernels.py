@@ -32,10 +32,11 @@ import torch
 from ..device import cpu_flags
 from ..paths import cache_dir
 
-__all__ = ["ENV_SIMD", "SOURCES", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
+__all__ = ["ENV_SIMD", "SOURCES", "HEADERS", "BLOCK", "BLOCK_BYTES", "compiler", "simd_flags", "library_path", "load",
            "kernels_missing", "simd", "panel_simd", "quantize_rows_reference", "reference_mm", "paged_attention"]
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "paged_attention.cpp", "panels.cpp")]
+HEADERS = [Path(__file__).with_name("simd.h")]  # the vector type the sources share (included, not compiled alone)
 BLOCK = 32                                    # weights (and activations) per block
 BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}        # ggml's block_q4_1 and block_q8_0
 ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": plain loops even where AVX2 exists; "avx2": no AVX-512
@@ -78,7 +79,7 @@ def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
 def library_path() -> Path:
     """Where the built kernels are kept: kvlib's folder, ``kernels/``, one file per source, torch
     version, compiler and vector flags (so that a change of any of them builds again)."""
-    key = "|".join([*(s.read_text() for s in SOURCES), torch.__version__, compiler() or "", " ".join(simd_flags())])
+    key = "|".join([*(s.read_text() for s in SOURCES + HEADERS), torch.__version__, compiler() or "", " ".join(simd_flags())])
     return cache_dir() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16] / _LIB
 
 
@@ -148,7 +149,8 @@ def _register_fakes() -> None:
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,
                     lengths: torch.Tensor, row: torch.Tensor | None = None) -> torch.Tensor:
     """Attention read straight from one layer's paged pool (``paged_attention.cpp``, as vLLM's CPU
-    attention reads its blocks), one query token at a time: ``q`` float32 ``(n, heads, head_dim)``;
+    attention reads its blocks): a decoding request's one query alone, a prompt's queries in tiles
+    that read each key once (each query's bits the same whatever its tile holds): ``q`` float32 ``(n, heads, head_dim)``;
     ``k_pool, v_pool`` ``(slots, kv_heads, head_dim)``; ``context`` ``(rows, k_len)`` the slots of
     each request's keys by position; ``lengths`` ``(n,)`` how many keys each query sees (a decoding
     request's one query: all its keys; a prefilling request's token at position ``p``: ``p + 1``, its

@@ -13,14 +13,17 @@
 //   returns float32 (n, heads, head_dim): softmax(scale * q . k) . v over those keys, each
 //   query head h reading key/value head h / (heads / kv_heads) (grouped-query attention).
 //
-// Per (query, key/value head) pair, the group's query heads in three passes: the scores and their
-// maximum, the exponentials and their sum, the weighted sum of values. With AVX2 (x86: built with
-// -mavx2 -mfma where the CPU has them) the dot products (four keys at a time), the exponentials and
-// the sums of values take 8 floats at a time, and for head_dim 64 a query and a sum of values stay
-// in registers (the exponential as Cephes' expf computes it: e^x = 2^n e^r, e^r by a polynomial,
-// within 2 units of the last place); elsewhere plain loops and std::exp. The pairs are shared out
-// among the threads (at::parallel_for). The sums run in another order than PyTorch's attention, so
-// results agree with it to float32 rounding (tests/fast/test_paged_attention.py).
+// Two paths, by how many queries a request has in the call:
+// - one (a decoding request): per (query, key/value head) pair, the group's query heads in three
+//   passes: the scores and their maximum, the exponentials and their sum, the weighted sum of
+//   values; with AVX2, for head_dim 64, a query and a sum of values stay in registers;
+// - several (a chunk of a prompt): tiles of up to 48 rows (24 without AVX-512), a row being one
+//   query's head, the rows in the lanes of the vectors, so that each key is read once a tile and
+//   every product is a broadcast times a full vector (see attend_tile), as a matrix product does.
+// Vectors are simd.h's: 16 floats with AVX-512, 8 with AVX2, plain loops elsewhere; the exponential
+// as Cephes' expf computes it (within 2 units of the last place). The work is shared out among the
+// threads by its cost (at::parallel_for). The sums run in another order than PyTorch's attention,
+// so results agree with it to float32 rounding (tests/fast/test_paged_attention.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -31,12 +34,15 @@
 #include <limits>
 #include <vector>
 
+#include "simd.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #define KVLIB_AVX2 1
 #endif
 
 namespace {
+
+using namespace kvlib_simd;
 
 constexpr const char* NAME = "kvlib_cpu::paged_attention";
 
@@ -71,53 +77,34 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 }
 
 #ifdef KVLIB_AVX2
-
-inline float hsum(__m256 v) {                                   // v[0] + ... + v[7]
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-}
+using kvlib_simd::hsum8;
 
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {  // (sum of a, of b, of c, of d)
   const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // a0-3 b0-3 c0-3 d0-3 a4-7 ...
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
+#endif
 
 inline float dot(const float* a, const float* b, int64_t n) {   // a . b, in two vectors of partial sums
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  Vec s0 = vzero(), s1 = vzero();
   int64_t d = 0;
-  for (; d + 16 <= n; d += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
+  for (; d + 2 * WIDTH <= n; d += 2 * WIDTH) {
+    s0 = vfma(vload(a + d), vload(b + d), s0);
+    s1 = vfma(vload(a + d + WIDTH), vload(b + d + WIDTH), s1);
   }
-  for (; d + 8 <= n; d += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
-  float sum = hsum(_mm256_add_ps(s0, s1));
+  for (; d + WIDTH <= n; d += WIDTH) s0 = vfma(vload(a + d), vload(b + d), s0);
+  float sum = hsum(vadd(s0, s1));
   for (; d < n; ++d) sum += a[d] * b[d];
   return sum;
 }
 
-inline __m256 exp8(__m256 x) {            // e^x of 8 floats x <= 0 (below -87, where e^x < 2^-125: e^-87)
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);                 // (a NaN stays a NaN)
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);        // x - n ln 2, ln 2 in two parts
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);                              // Cephes' expf polynomial
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  }
-  const __m256 er = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(er, _mm256_castsi256_ps(two_n));
-}
-
 inline float exp_sum(float* x, int64_t n, float top) {          // x = e^(x - top); returns their sum
-  __m256 total = _mm256_setzero_ps();
+  Vec total = vzero();
   int64_t p = 0;
-  for (; p + 8 <= n; p += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + p), _mm256_set1_ps(top)));
-    _mm256_storeu_ps(x + p, e);
-    total = _mm256_add_ps(total, e);
+  for (; p + WIDTH <= n; p += WIDTH) {
+    const Vec e = vexp(vsub(vload(x + p), vset(top)));
+    vstore(x + p, e);
+    total = vadd(total, e);
   }
   float sum = hsum(total);
   for (; p < n; ++p) sum += (x[p] = std::exp(x[p] - top));
@@ -126,31 +113,9 @@ inline float exp_sum(float* x, int64_t n, float top) {          // x = e^(x - to
 
 inline void axpy(float w, const float* x, float* y, int64_t n) {  // y += w x
   int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    _mm256_storeu_ps(y + d, _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
-  }
+  for (; d + WIDTH <= n; d += WIDTH) vstore(y + d, vfma(vset(w), vload(x + d), vload(y + d)));
   for (; d < n; ++d) y[d] += w * x[d];
 }
-
-#else  // plain loops
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
-  return sum;
-}
-
-inline float exp_sum(float* x, int64_t n, float top) {
-  float sum = 0.f;
-  for (int64_t p = 0; p < n; ++p) sum += (x[p] = std::exp(x[p] - top));
-  return sum;
-}
-
-inline void axpy(float w, const float* x, float* y, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += w * x[d];
-}
-
-#endif
 
 // One (query, key/value head) pair: the group's query heads q (group, dim) over the keys and values
 // at the n slots slot[0..n) of the pools (a slot's head h at kp + slot * stride), into out (group,
@@ -212,6 +177,161 @@ void attend_pair_fixed(const float* q, const float* kp, const float* vp, const i
 }
 #endif
 
+// The tiled path, for a request with several queries in the call (a chunk of its prompt): the query
+// heads of up to TQ of its queries that share one key/value head are the *rows* of a tile, row
+// t * group + g being query t's head g, and the lanes of a vector are rows. Scores, softmax and the
+// sum of values then run WIDTH rows at a time with no sum across lanes: keys stream once per tile,
+// each key's dimension d a broadcast times a vector of the rows' queries (the tile's queries
+// transposed, qt (dim, ROWS)). Each row is summed in its own lane, over d and then over keys in
+// order, and a key past a row's length weighs exactly 0, so a query gets the same bits whatever
+// else its tile holds.
+constexpr int64_t RV = 3;                          // vectors of rows in a full tile
+constexpr int64_t ROWS = RV * WIDTH;               // rows in a tile
+constexpr int64_t KB = 4;                          // keys at a time, for the scores
+constexpr int64_t DB = REGISTERS == 32 ? 8 : 4;    // dimensions at a time, for the sum of values
+
+// Scores of NK keys (their rows in the pool at key[j]) for V vectors of rows: s[j * ROWS + lane].
+template <int V, int NK>
+inline void key_scores(const float* qt, const float* const* key, int64_t dim, float scale, float* s) {
+  Vec acc[NK][V];
+  for (int j = 0; j < NK; ++j)
+    for (int v = 0; v < V; ++v) acc[j][v] = vzero();
+  for (int64_t d = 0; d < dim; ++d) {
+    Vec qv[V];
+    for (int v = 0; v < V; ++v) qv[v] = vload(qt + d * ROWS + v * WIDTH);
+    for (int j = 0; j < NK; ++j) {
+      const Vec kd = vbroadcast(key[j] + d);
+      for (int v = 0; v < V; ++v) acc[j][v] = vfma(kd, qv[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < NK; ++j)
+    for (int v = 0; v < V; ++v) vstore(s + j * ROWS + v * WIDTH, vmul(acc[j][v], vset(scale)));
+}
+
+// The weighted sum of the values of n keys for ND dimensions from d0: ot[(d0 + e) * ROWS + lane].
+template <int V, int ND>
+inline void value_sums(const float* w, const float* vp, const int64_t* slot, int64_t n, int64_t stride, int64_t d0,
+                       float* ot) {
+  Vec acc[ND][V];
+  for (int e = 0; e < ND; ++e)
+    for (int v = 0; v < V; ++v) acc[e][v] = vzero();
+  for (int64_t p = 0; p < n; ++p) {
+    const float* val = vp + slot[p] * stride + d0;
+    Vec wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = vload(w + p * ROWS + v * WIDTH);
+    for (int e = 0; e < ND; ++e) {
+      const Vec vd = vbroadcast(val + e);
+      for (int v = 0; v < V; ++v) acc[e][v] = vfma(vd, wv[v], acc[e][v]);
+    }
+  }
+  for (int e = 0; e < ND; ++e)
+    for (int v = 0; v < V; ++v) vstore(ot + (d0 + e) * ROWS + v * WIDTH, acc[e][v]);
+}
+
+// Softmax of each row over its keys, in place in s (n, ROWS): a key at or past the row's length
+// (limit, as floats) weighs 0. Returns each row's sum of weights in total (ROWS).
+template <int V>
+void softmax_rows(float* s, int64_t n, const float* limit, float* total) {
+  Vec top[V], sum[V], lim[V];
+  for (int v = 0; v < V; ++v) {
+    top[v] = vset(-std::numeric_limits<float>::infinity()), sum[v] = vzero(), lim[v] = vload(limit + v * WIDTH);
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    for (int v = 0; v < V; ++v) top[v] = vmax(top[v], vwhere_less(vset(p), lim[v], vload(s + p * ROWS + v * WIDTH),
+                                                                   -std::numeric_limits<float>::infinity()));
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    for (int v = 0; v < V; ++v) {
+      float* sp = s + p * ROWS + v * WIDTH;
+      const Vec e = vwhere_less(vset(p), lim[v], vexp(vsub(vload(sp), top[v])), 0.f);
+      vstore(sp, e);
+      sum[v] = vadd(sum[v], e);
+    }
+  }
+  for (int v = 0; v < V; ++v) vstore(total + v * WIDTH, sum[v]);
+}
+
+// Working memory of one thread for the tiled path.
+struct TileBuffers {
+  std::vector<float> qt, s, ot, limit, total;
+  TileBuffers(int64_t dim, int64_t k_len)
+      : qt(dim * ROWS, 0.f), s(k_len * ROWS), ot(dim * ROWS), limit(ROWS), total(ROWS) {}
+};
+
+// Queries i0 .. i0 + count - 1 (one request, keys at slot[...]) with key/value head h, V vectors of
+// rows: out (n, heads, dim) gets their heads h * group .. h * group + group - 1.
+template <int V>
+void attend_tile(const float* qp, const float* kp, const float* vp, const int64_t* slot, const int64_t* lengths,
+                 int64_t i0, int64_t count, int64_t h, int64_t heads, int64_t group, int64_t dim, int64_t stride,
+                 float scale, TileBuffers& b, float* op) {
+  const int64_t rows = count * group;
+  int64_t n = 0;
+  std::fill(b.limit.begin(), b.limit.end(), 0.f);
+  for (int64_t r = 0; r < rows; ++r) {                          // the tile's queries, transposed
+    const int64_t i = i0 + r / group, head = h * group + r % group;
+    for (int64_t d = 0; d < dim; ++d) b.qt[d * ROWS + r] = qp[(i * heads + head) * dim + d];
+    b.limit[r] = static_cast<float>(lengths[i]);
+    n = std::max(n, lengths[i]);
+  }
+  int64_t p = 0;
+  for (; p + KB <= n; p += KB) {                                // scores, KB keys at a time
+    const float* key[KB];
+    for (int j = 0; j < KB; ++j) key[j] = kp + slot[p + j] * stride;
+    key_scores<V, KB>(b.qt.data(), key, dim, scale, b.s.data() + p * ROWS);
+  }
+  for (; p < n; ++p) {
+    const float* key[1] = {kp + slot[p] * stride};
+    key_scores<V, 1>(b.qt.data(), key, dim, scale, b.s.data() + p * ROWS);
+  }
+  softmax_rows<V>(b.s.data(), n, b.limit.data(), b.total.data());
+  int64_t d0 = 0;
+  for (; d0 + DB <= dim; d0 += DB) value_sums<V, DB>(b.s.data(), vp, slot, n, stride, d0, b.ot.data());
+  for (; d0 < dim; ++d0) value_sums<V, 1>(b.s.data(), vp, slot, n, stride, d0, b.ot.data());
+  for (int64_t r = 0; r < rows; ++r) {                          // back to (query, head, dim)
+    float* o = op + ((i0 + r / group) * heads + h * group + r % group) * dim;
+    for (int64_t d = 0; d < dim; ++d) o[d] = b.ot[d * ROWS + r] / b.total[r];
+  }
+}
+
+// One piece of work: `count` queries from `first` of one request, with key/value head `h`.
+struct Task {
+  int64_t first, count, h, cost;
+};
+
+// The call's tasks: each request's consecutive queries in even tiles of up to ROWS / group, for
+// every key/value head, so that no query is alone in a tile unless all are (a decoding request's
+// one query, or heads too many for a tile: then one task a query, all its heads); shared out among
+// the threads by their cost (queries times keys), the largest first to the least loaded thread.
+std::vector<std::vector<Task>> plan_tasks(const int64_t* rows, const int64_t* lengths, int64_t n, int64_t kv_heads,
+                                          int64_t group, int64_t threads) {
+  const int64_t per_tile = std::max<int64_t>(1, ROWS / group);
+  std::vector<Task> tasks;
+  for (int64_t i = 0; i < n;) {
+    int64_t run = 1;                                            // the request's queries from i
+    while (i + run < n && rows[i + run] == rows[i]) ++run;
+    const int64_t tiles = (run + per_tile - 1) / per_tile;     // even tiles: none alone unless all are
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t first = i + run * t / tiles, count = i + run * (t + 1) / tiles - first;
+      const int64_t most = *std::max_element(lengths + first, lengths + first + count);
+      if (count == 1) {                                         // one query: all its heads, each key's row once
+        tasks.push_back({first, 1, -1, kv_heads * most});
+        continue;
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({first, count, h, count * most});
+    }
+    i += run;
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  std::vector<std::vector<Task>> bins(std::max<int64_t>(1, std::min<int64_t>(threads, tasks.size())));
+  std::vector<int64_t> load(bins.size(), 0);
+  for (const Task& t : tasks) {
+    const size_t least = std::min_element(load.begin(), load.end()) - load.begin();
+    bins[least].push_back(t);
+    load[least] += t.cost;
+  }
+  return bins;
+}
+
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& context, const at::Tensor& lengths, const at::Tensor& row, double scale) {
   check(q, k_pool, v_pool, context, lengths, row);
@@ -226,19 +346,33 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   const int64_t* rp = row.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
-  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const auto bins = plan_tasks(rp, lp, n, kv_heads, group, at::get_num_threads());
+  at::parallel_for(0, bins.size(), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * k_len);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / kv_heads, h = task % kv_heads, first = (i * heads + h * group) * dim;
-      const int64_t* slot = cp + rp[i] * k_len;
+    TileBuffers buffers(dim, k_len);
+    for (int64_t bin = begin; bin < end; ++bin) {
+      for (const Task& t : bins[bin]) {
+        const int64_t* slot = cp + rp[t.first] * k_len;
+        const int64_t vectors = (t.count * group + WIDTH - 1) / WIDTH;
+        if (t.count > 1) {                                     // a tile of a prompt's queries
+          auto tile = vectors == 1 ? attend_tile<1> : vectors == 2 ? attend_tile<2> : attend_tile<3>;
+          tile(qp, kp + t.h * dim, vp + t.h * dim, slot, lp, t.first, t.count, t.h, heads, group, dim, stride, s,
+               buffers, op);
+          continue;
+        }
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          const int64_t first = (t.first * heads + h * group) * dim;
 #ifdef KVLIB_AVX2
-      if (dim == 64) {
-        attend_pair_fixed<8>(qp + first, kp + h * dim, vp + h * dim, slot, lp[i], stride, group, s, scores.data(),
-                             op + first);
-        continue;
-      }
+          if (dim == 64) {
+            attend_pair_fixed<8>(qp + first, kp + h * dim, vp + h * dim, slot, lp[t.first], stride, group, s,
+                                 scores.data(), op + first);
+            continue;
+          }
 #endif
-      attend_pair(qp + first, kp + h * dim, vp + h * dim, slot, lp[i], stride, group, dim, s, scores.data(), op + first);
+          attend_pair(qp + first, kp + h * dim, vp + h * dim, slot, lp[t.first], stride, group, dim, s,
+                      scores.data(), op + first);
+        }
+      }
     }
   });
   return out;

@@ -23,46 +23,15 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
+using namespace kvlib_simd;
+
 constexpr int64_t PANEL = 16;       // output features per panel
 constexpr int64_t AHEAD = 32;       // prefetch the weights this many steps of `in` ahead
-
-#if defined(__AVX512F__)
-constexpr const char* SIMD = "avx512";
-using Vec = __m512;
-constexpr int64_t WIDTH = 16, MT = 12;
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr const char* SIMD = "avx2";
-using Vec = __m256;
-constexpr int64_t WIDTH = 8, MT = 6;
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline void prefetch(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
-#else
-constexpr const char* SIMD = "plain loops";
-struct Vec { float v[8]; };                  // one "vector" of 8 floats, in plain loops
-constexpr int64_t WIDTH = 8, MT = 4;
-inline Vec vzero() { return Vec{}; }
-inline Vec vload(const float* p) { Vec r; std::copy(p, p + 8, r.v); return r; }
-inline Vec vbroadcast(const float* p) { Vec r; std::fill(r.v, r.v + 8, *p); return r; }
-inline Vec vfma(Vec a, Vec b, Vec c) { for (int i = 0; i < 8; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i]; return c; }
-inline void vstore(float* p, Vec v) { std::copy(v.v, v.v + 8, p); }
-inline void prefetch(const float*) {}
-#endif
+constexpr int64_t MT = REGISTERS == 32 ? 12 : REGISTERS == 16 ? 6 : 4;   // rows a tile: AVX-512, AVX2, plain
 constexpr int64_t VECS = PANEL / WIDTH;      // vectors per panel row
 
 // M rows of x (row stride ldx) times one panel wp (in, 16): out (M, 16), row stride ldo.

@@ -144,6 +144,9 @@ print("generated:", repr(tok.decode(new)))
 assert 1 <= len(new) <= 8 and all(0 <= t < model.config.vocab_size for t in new), new
 from kvlib.data import evaluation_text, reference_bench          # the package's data files came along
 assert len(evaluation_text()) > 20_000 and reference_bench()["rows"]
+from kvlib.fast.kernels import HEADERS, SOURCES                  # and the kernels' source, to build them from
+missing = [p.name for p in SOURCES + HEADERS if not p.exists()]
+assert not missing, f"the package lacks the kernels' files {missing}"
 """
     out = _run([venv / "bin" / "python", "-I", "-c", script], cwd=empty_dir, timeout=600,
                env=_env(KVLIB_SMOLLM2_GGUF=str(gguf)))

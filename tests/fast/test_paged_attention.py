@@ -61,6 +61,27 @@ def test_prefilling_tokens_see_their_requests_keys_up_to_their_own(kv_heads, gro
     torch.testing.assert_close(got, reference(q, k_pool, v_pool, context, lengths, row), atol=2e-6, rtol=2e-5)
 
 
+@settings(max_examples=30, deadline=None)
+@given(group=st.integers(1, 6), done=st.integers(0, 40), n=st.integers(2, 40), cut=st.integers(2, 40), data=st.data())
+def test_a_prompts_query_gets_the_same_bits_whatever_else_its_tile_holds(group, done, n, cut, data):
+    """The tiled path (several queries of a request in one call): each query's heads are rows summed
+    in their own lanes, so its bits do not depend on the other queries beside it, on the tile it
+    falls in, or on another request in the call (batch invariance)."""
+    cut = min(cut, n)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    lengths = torch.arange(done + 1, done + n + 1)
+    context = torch.randperm(100, generator=g)[:done + n][None]
+    q = torch.randn(n, 2 * group, 64, generator=g)
+    k_pool, v_pool = (torch.randn(100, 2, 64, generator=g) for _ in range(2))
+    whole = paged_attention(q, k_pool, v_pool, context, lengths, torch.zeros(n, dtype=torch.long))
+    first = paged_attention(q[:cut], k_pool, v_pool, context, lengths[:cut], torch.zeros(cut, dtype=torch.long))
+    last = paged_attention(q[-cut:], k_pool, v_pool, context, lengths[-cut:], torch.zeros(cut, dtype=torch.long))
+    other = torch.randint(0, 100, (1, done + n), generator=g)                 # another request beside it
+    both = paged_attention(torch.cat([q[:cut], q[:cut]]), k_pool, v_pool, torch.cat([other, context]),
+                           torch.cat([lengths[:cut], lengths[:cut]]), torch.tensor([0] * cut + [1] * cut))
+    assert torch.equal(first, whole[:cut]) and torch.equal(last, whole[-cut:]) and torch.equal(both[cut:], first)
+
+
 def test_bad_input_is_named():
     q, pool = torch.zeros(2, 4, 8), torch.zeros(10, 2, 8)
     context, lengths = torch.zeros(2, 5, dtype=torch.long), torch.tensor([5, 3])
