@@ -79,10 +79,13 @@ class Stream:
     prefix_caching: bool
 
     def kv_blocks(self) -> int:
-        """Blocks of :data:`BLOCK_SIZE` that hold every request whole, none shared: kvlib's pool,
+        """Blocks of :data:`BLOCK_SIZE` for every request whole, none shared, or for as many as
+        run at once (``max_batch``) each as long as the longest, whichever is fewer: kvlib's pool,
         allocated when the engine is made, before the clock starts, as vLLM allocates its KV cache
-        space when it starts (nothing is evicted or preempted in either)."""
-        return sum(blocks_for(len(p) + self.max_tokens, BLOCK_SIZE) for p in self.prompts)
+        space when it starts (nothing is preempted, and no cached block is evicted while a
+        never-used one is free)."""
+        each = [blocks_for(len(p) + self.max_tokens, BLOCK_SIZE) for p in self.prompts]
+        return min(sum(each), self.max_batch * max(each))
 
     def vllm_engine(self) -> dict:
         """The same settings in :class:`vllm.LLM`'s words."""
