@@ -17,10 +17,13 @@ own panels), its forward pass compiled with attention as one operator (``Engine(
 :mod:`kvlib.serve.compiled`), the decoding requests' attention read from the paged blocks in place
 (:func:`kvlib.fast.paged_attention`). Each stream runs on each engine with the same block size,
 batch limit, per-step token budget and prefix caching (:data:`BLOCK_SIZE`, :class:`Stream`), its KV
-pool allocated before the clock starts (:meth:`Stream.kv_blocks`, as vLLM's KV cache space),
-warmed up first, then timed :data:`REPEATS` times from an empty prefix cache (the run of median
-time is kept); every request writes exactly ``max_tokens`` tokens (EOS ignored), so all do the
-same work.
+pool allocated before the clock starts (:meth:`Stream.kv_blocks`, as vLLM's KV cache space).
+Every engine is warmed up, then the engines take turns (:func:`take_turns`): :data:`REPEATS`
+rounds, each serving the stream once on vLLM and once on each of kvlib's engines from an empty
+prefix cache, so that a machine that runs faster or slower for a while (a shared cloud machine
+does) speeds or slows every engine alike; the run of median time is kept, with every round's
+time, and :func:`summary` gives the median of the rounds' ratios. Every request writes exactly
+``max_tokens`` tokens (EOS ignored), so all do the same work.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -45,14 +49,15 @@ from ..fast.packed import KERNELS, pack, packing_kernel, packing_unavailable
 from ..generate import generate
 from ..paths import cache_dir
 from ..serve import Engine, Request, ServeReport
+from .vllm_worker import MARK
 
 __all__ = ["BLOCK_SIZE", "STEP_TOKENS", "REPEATS", "VLLM_ENV", "KVLIB_ENGINES", "ENGINES", "Stream", "default_model_dir",
-           "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "kvlib_engines", "run_kvlib",
-           "run_vllm", "compare_tokens", "run", "summary", "main"]
+           "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "kvlib_engines", "kvlib_server",
+           "run_kvlib", "VllmWorker", "run_vllm", "take_turns", "compare_tokens", "run", "summary", "main"]
 
 BLOCK_SIZE = 32           # vLLM's CPU attention wants a multiple of 32
 STEP_TOKENS = 4096        # tokens one step may run: kvlib's prefill_chunk, vLLM's max_num_batched_tokens
-REPEATS = 3               # timed runs of each stream on each engine: the median is shown
+REPEATS = 5               # rounds: timed runs of each stream on each engine, in turns
 # vLLM at its best on a small CPU: its engine core in the calling process (by default it is a
 # process of its own, which on two cores competes with the model's threads: the chat stream took
 # 3.6 s that way against 2.7 s in-process on the Intel Xeon of the stored run), its threads not
@@ -188,40 +193,128 @@ def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Modu
     return {"kvlib": (model, {}), "kvlib_fast": (fast, options)}, layout
 
 
-@torch.no_grad()
-def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **options) -> dict:
-    """``stream`` on kvlib's :class:`~kvlib.serve.Engine` (with ``options`` such as ``compile=True``): a
-    warm-up (which compiles), then ``repeats`` timed runs, each on a fresh engine (an empty prefix
-    cache); the run of median time, with every run's time."""
+def _median(runs: list[dict]) -> dict:
+    """The run of median time, with every run's time in the order they ran (``walls``)."""
+    middle = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+    return {**middle, "walls": [r["wall"] for r in runs]}
+
+
+def kvlib_server(model: torch.nn.Module, stream: Stream, **options) -> Callable[[], dict]:
+    """``stream`` on kvlib's :class:`~kvlib.serve.Engine` (with ``options`` such as ``compile=True``),
+    warmed up (which compiles): a function that serves the stream once, timed, on a fresh engine
+    (an empty prefix cache), and returns the run."""
     def engine() -> Engine:
         return Engine(model, max_batch=stream.max_batch, block_size=BLOCK_SIZE, num_blocks=stream.kv_blocks(),
                       prefill_chunk=STEP_TOKENS, prefix_caching=stream.prefix_caching, **options)
 
     requests = [Request(p, stream.max_tokens) for p in stream.prompts]
-    engine().serve(requests[:stream.max_batch])
-    reports = sorted((engine().serve(requests) for _ in range(repeats)), key=lambda r: r.wall)
-    report = reports[len(reports) // 2]
-    return {"name": stream.name, "outputs": report.outputs, "wall": report.wall, "ttft": report.ttft,
-            "cached_tokens": report.cached, "steps": report.steps, "preemptions": report.preemptions,
-            "prefill_tokens": report.prefill_tokens, "walls": [r.wall for r in reports],
-            "inter_token_mean": sum(report.inter_token) / len(report.inter_token)}
+    with torch.no_grad():
+        engine().serve(requests[:stream.max_batch])
+
+    @torch.no_grad()
+    def once() -> dict:
+        report = engine().serve(requests)
+        return {"name": stream.name, "outputs": report.outputs, "wall": report.wall, "ttft": report.ttft,
+                "cached_tokens": report.cached, "steps": report.steps, "preemptions": report.preemptions,
+                "prefill_tokens": report.prefill_tokens,
+                "inter_token_mean": sum(report.inter_token) / len(report.inter_token)}
+    return once
 
 
-def run_vllm(stream_list: list[Stream], model_dir: Path, threads: int, check: dict | None = None,
-             python: Path | None = None) -> dict:
-    """The streams on vLLM, in its environment's Python (``kvlib/bench/vllm_worker.py``)."""
-    job = {"model_dir": str(model_dir), "threads": threads, "check": check,
-           "streams": [{"name": s.name, "prompts": s.prompts, "max_tokens": s.max_tokens, "repeats": REPEATS,
-                        "engine": s.vllm_engine()} for s in stream_list]}
-    env = dict(os.environ, **VLLM_ENV, OMP_NUM_THREADS=str(threads))
-    with tempfile.TemporaryDirectory() as tmp:
-        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job), encoding="utf-8")
-        done = subprocess.run([str(python or vllm_python()), "-P", str(WORKER), str(job_path), str(result_path)],
-                              env=env)
-        if done.returncode != 0:
-            raise RuntimeError(f"vLLM's run failed (status {done.returncode}; its messages are above)")
-        return json.loads(result_path.read_text(encoding="utf-8"))
+def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **options) -> dict:
+    """``stream`` on kvlib's engine alone (:func:`kvlib_server`): a warm-up, then ``repeats`` timed
+    runs; the run of median time, with every run's time."""
+    once = kvlib_server(model, stream, **options)
+    return _median([once() for _ in range(repeats)])
+
+
+class VllmWorker:
+    """vLLM in its environment's Python (:func:`vllm_python`), a child process
+    (``kvlib/bench/vllm_worker.py``) that serves one stream at a time when asked (:meth:`ask`), and
+    otherwise waits, idle. ``hello``: its versions and the check of the exported weights. Use it in
+    a ``with`` block, which ends the process."""
+
+    def __init__(self, model_dir: Path, threads: int, check: dict | None = None, python: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory()
+        job = Path(self._tmp.name) / "job.json"
+        job.write_text(json.dumps({"model_dir": str(model_dir), "threads": threads, "check": check}), encoding="utf-8")
+        env = dict(os.environ, **VLLM_ENV, OMP_NUM_THREADS=str(threads))
+        self.process = subprocess.Popen([str(python or vllm_python()), "-P", str(WORKER), str(job)], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.hello = self._answer()
+
+    def _answer(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+            sys.stdout.write(line)                          # vLLM's own messages
+        raise RuntimeError(f"vLLM's run failed (status {self.process.wait()}; its messages are above)")
+
+    def ask(self, command: dict) -> dict:
+        """Send ``command`` (see ``vllm_worker.py``), return its answer."""
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def cpu_seconds(self) -> float | None:
+        """Processor time the worker has used so far (all its threads); None where /proc is not."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime + stime
+
+    def __enter__(self) -> VllmWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._tmp.cleanup()
+
+
+def _vllm_stream(stream: Stream) -> dict:
+    return {"name": stream.name, "prompts": stream.prompts, "max_tokens": stream.max_tokens,
+            "engine": stream.vllm_engine()}
+
+
+def run_vllm(stream_list: list[Stream], model_dir: Path, threads: int, repeats: int = REPEATS,
+             python: Path | None = None) -> list[dict]:
+    """The streams on vLLM alone, each ``repeats`` times: per stream the run of median time, with
+    every run's time."""
+    found = []
+    with VllmWorker(model_dir, threads, python=python) as vllm:
+        for stream in stream_list:
+            ready = vllm.ask({"start": _vllm_stream(stream)})
+            found.append({**_median([vllm.ask({"run": True}) for _ in range(repeats)]), **ready})
+            vllm.ask({"stop": True})
+    return found
+
+
+def take_turns(vllm: VllmWorker, models: dict[str, tuple[torch.nn.Module, dict]], stream: Stream,
+               repeats: int = REPEATS) -> dict[str, dict]:
+    """``stream`` on vLLM and on each of kvlib's engines (``models``, as :func:`kvlib_engines`), in
+    turns: each engine warmed up, then ``repeats`` rounds, each running the stream once on vLLM and
+    once on each of kvlib's engines, so that every engine is timed in every stretch of the run.
+    Per engine the run of median time, every run's time in round order; vLLM's with its start-up,
+    warm-up and the processor time its process took while kvlib's engines ran (an idle one takes none)."""
+    ready = vllm.ask({"start": _vllm_stream(stream)})
+    servers = {key: kvlib_server(m, stream, **options) for key, (m, options) in models.items()}
+    runs: dict[str, list[dict]] = {"vllm": [], **{key: [] for key in servers}}
+    idle = []
+    for _ in range(repeats):
+        runs["vllm"].append(vllm.ask({"run": True}))
+        before = vllm.cpu_seconds()
+        for key, once in servers.items():
+            runs[key].append(once())
+        idle.append(None if before is None else vllm.cpu_seconds() - before)
+    vllm.ask({"stop": True})
+    found = {key: _median(r) for key, r in runs.items()}
+    found["vllm"].update(ready, cpu_seconds_while_kvlib_ran=None if None in idle else sum(idle))
+    return found
 
 
 def compare_tokens(model: torch.nn.Module, prompts: list[list[int]], ours: list[list[int]],
@@ -243,34 +336,33 @@ def compare_tokens(model: torch.nn.Module, prompts: list[list[int]], ours: list[
 
 def run(model: torch.nn.Module, tokenizer, gguf_path: Path, model_dir: Path, threads: int = 2,
         say=print) -> dict:
-    """Export (once), then both streams on vLLM and on kvlib's two engines; the record a page or the
-    benchmark shows."""
+    """Export (once), then each stream on vLLM and on kvlib's two engines in turns (:func:`take_turns`);
+    the record a page or the benchmark shows."""
     torch.set_num_threads(threads)
     if not (model_dir / "model.safetensors").exists():
         say(f"exporting kvlib's float32 weights to {model_dir}")
         export_hf(model, model_dir, gguf_path)
     stream_list = streams(tokenizer)
     check_prompt = stream_list[0].prompts[0]
+    models, layout = kvlib_engines(model)
     with tempfile.TemporaryDirectory() as tmp:
         logits_path = Path(tmp) / "logits.pt"
         torch.save(model(torch.tensor([check_prompt]))[0], logits_path)
-        say("vLLM: start-up, warm-up and both streams (several minutes on 2 cores the first time)")
-        theirs = run_vllm(stream_list, model_dir, threads, {"prompt": check_prompt, "logits": str(logits_path)})
-    models, layout = kvlib_engines(model)
-    ours = {}
-    for stream in stream_list:
-        for key, (m, options) in models.items():
-            say(f"{KVLIB_ENGINES[key]}: {stream.name}")
-            ours[stream.name, key] = run_kvlib(m, stream, **options)
+        say("vLLM: start-up (several minutes on 2 cores the first time)")
+        with VllmWorker(model_dir, threads, {"prompt": check_prompt, "logits": str(logits_path)}) as vllm:
+            timed = []
+            for stream in stream_list:
+                say(f"{stream.name}: {REPEATS} rounds of vLLM, then each of kvlib's engines ({', '.join(models)})")
+                timed.append(take_turns(vllm, models, stream))
     record = {"machine": f"{cpu_name()} ({vector_instructions()})", "threads": threads, "repeats": REPEATS,
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "kvlib_dtype": str(model.dtype),
               "compute_dtype": str(compute_dtype()), "block_size": BLOCK_SIZE, "step_tokens": STEP_TOKENS,
-              "kvlib_fast_layout": layout, "vllm": {k: v for k, v in theirs.items() if k != "streams"}, "streams": []}
-    for stream, b in zip(stream_list, theirs["streams"]):
+              "kvlib_fast_layout": layout, "vllm": vllm.hello, "streams": []}
+    for stream, found in zip(stream_list, timed):
         settings = {k: v for k, v in asdict(stream).items() if k != "prompts"}
-        mine = {key: ours[stream.name, key] for key in models}
-        tokens = {key: compare_tokens(model, stream.prompts, r["outputs"], b["outputs"]) for key, r in mine.items()}
-        record["streams"].append({**settings, "prompts": stream.prompts, **mine, "vllm": b, "tokens": tokens})
+        tokens = {key: compare_tokens(model, stream.prompts, found[key]["outputs"], found["vllm"]["outputs"])
+                  for key in models}
+        record["streams"].append({**settings, "prompts": stream.prompts, **found, "tokens": tokens})
     return record
 
 
@@ -279,7 +371,9 @@ def summary(record: dict) -> list[dict]:
     vLLM's ``RequestOutput`` and counters): tokens/s over the timed run, time to first token
     (median and 90th percentile, from each request's arrival), the share of prompt tokens taken
     from the prefix cache, prompt tokens computed, preemptions, forward passes (steps) and the
-    mean time between two tokens of a request (a decode step's time, vLLM's inter-token latency)."""
+    mean time between two tokens of a request (a decode step's time, vLLM's inter-token latency);
+    for kvlib's engines, each round's speed against vLLM's in the same round (vLLM's time over the
+    engine's: above 1, kvlib is faster) and their median."""
     rows = []
     for s in record["streams"]:
         prompt_tokens = sum(len(p) for p in s["prompts"])
@@ -297,8 +391,11 @@ def summary(record: dict) -> list[dict]:
                          "prompt_tokens_computed": r["prefill_tokens"] if mine else prompt_tokens - cached,
                          "preemptions": r["preemptions"] if mine else counters.get("vllm:num_preemptions", 0),
                          "steps": r["steps"] if mine else counters.get("vllm:iteration_tokens_total:count"),
+                         "round_ratios": [v / w for v, w in zip(s["vllm"]["walls"], r["walls"])] if mine else None,
                          "inter_token_mean": r["inter_token_mean"] if mine else
                          counters["vllm:inter_token_latency_seconds:sum"] / counters["vllm:inter_token_latency_seconds:count"]})
+            ratios = rows[-1]["round_ratios"]
+            rows[-1]["ratio_median"] = ServeReport.percentile(ratios, 50) if ratios else None
     return rows
 
 

@@ -72,8 +72,9 @@ def test_compare_tokens_reports_where_answers_part_and_the_margin_there():
 def _record() -> dict:
     engine = {"outputs": [[1, 2], [3, 4]], "wall": 0.5, "ttft": [0.1, 0.3], "cached_tokens": [0, 4]}
     return {"streams": [{"name": "s", "prompts": [[1] * 6, [1] * 6], "max_tokens": 2,
-                         "kvlib": {**engine, "steps": 3, "preemptions": 1, "prefill_tokens": 8, "inter_token_mean": 0.2},
-                         "vllm": {**engine, "wall": 1.0, "counters": {"vllm:iteration_tokens_total:count": 4,
+                         "kvlib": {**engine, "steps": 3, "preemptions": 1, "prefill_tokens": 8, "inter_token_mean": 0.2,
+                                   "walls": [0.5, 0.4, 0.6]},
+                         "vllm": {**engine, "wall": 1.0, "walls": [1.0, 1.2, 0.6], "counters": {"vllm:iteration_tokens_total:count": 4,
                                                                       "vllm:inter_token_latency_seconds:sum": 0.3,
                                                                       "vllm:inter_token_latency_seconds:count": 2}}}]}
 
@@ -87,6 +88,8 @@ def test_the_summary_reads_each_engine_in_its_own_words():
     assert (theirs["steps"], theirs["preemptions"], theirs["prompt_tokens_computed"]) == (4, 0, 8)
     assert mine["ttft_median"] == pytest.approx(0.2)
     assert (mine["inter_token_mean"], theirs["inter_token_mean"]) == (0.2, 0.15)
+    assert mine["round_ratios"] == pytest.approx([2, 3, 1]) and mine["ratio_median"] == pytest.approx(2)
+    assert theirs["round_ratios"] is None and theirs["ratio_median"] is None
 
 
 def test_the_summary_has_a_row_for_each_engine_the_record_holds_in_order():
@@ -125,6 +128,93 @@ def test_kvlib_fast_is_compiled_where_a_compiler_is_found(monkeypatch):
     assert layout.endswith("; not compiled: no C++ compiler here; no paged-attention kernel: no kernels here")
 
 
+class _FakeWorker:
+    """Stands in for VllmWorker: answers as the worker does, and logs what it was asked."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.walls, self.cpu = log, iter([3.0, 1.0, 2.0]), 0.0
+
+    def ask(self, command: dict) -> dict:
+        self.log.append(("vllm", next(iter(command))))
+        if "start" in command:
+            return {"start_up_seconds": 7.0, "warm_up_seconds": 1.5}
+        return {"wall": next(self.walls), "outputs": [[1]]} if "run" in command else {"stopped": True}
+
+    def cpu_seconds(self) -> float:
+        self.cpu += 0.01
+        return self.cpu
+
+
+def test_the_engines_take_turns_and_each_keeps_its_median_run(monkeypatch):
+    """take_turns: every engine warmed up before any is timed, then rounds of vLLM and each of
+    kvlib's engines in turn; per engine the median run and every round's time in round order."""
+    log = []
+
+    def server(model, stream, **options):
+        log.append((model, "warm-up"))
+        walls = iter({"a": [2.0, 0.5, 1.0], "b": [4.0, 6.0, 5.0]}[model])
+        return lambda: log.append((model, "run")) or {"wall": next(walls), "outputs": [[1]]}
+
+    monkeypatch.setattr(serving_peer, "kvlib_server", server)
+    found = serving_peer.take_turns(_FakeWorker(log), {"kvlib": ("a", {}), "kvlib_fast": ("b", {})},
+                                    Stream("s", [[1]], 1, 1, False), repeats=3)
+    assert log == [("vllm", "start"), ("a", "warm-up"), ("b", "warm-up"),
+                   *[("vllm", "run"), ("a", "run"), ("b", "run")] * 3, ("vllm", "stop")]
+    assert [found[k]["wall"] for k in ("vllm", "kvlib", "kvlib_fast")] == [2.0, 1.0, 5.0]
+    assert found["kvlib"]["walls"] == [2.0, 0.5, 1.0] and found["vllm"]["walls"] == [3.0, 1.0, 2.0]
+    assert found["vllm"]["start_up_seconds"] == 7.0
+    assert found["vllm"]["cpu_seconds_while_kvlib_ran"] == pytest.approx(0.03)
+
+
+_STAND_IN_VLLM = """
+from types import SimpleNamespace as NS
+__version__ = "stand-in"
+print("INFO a log line of vLLM's own, on standard output")
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.max_tokens = kw["max_tokens"]
+
+class LLM:
+    def __init__(self, model, **kw):
+        self.kw, self.generated = kw, 0
+        self.llm_engine = NS(engine_core=NS(shutdown=lambda: print("shut down")))
+
+    def generate(self, prompts, params, use_tqdm):
+        self.generated += 1
+        return [NS(outputs=[NS(token_ids=[len(p["prompt_token_ids"])] * params.max_tokens)],
+                   metrics=NS(first_token_latency=0.5), num_cached_tokens=self.kw["block_size"]) for p in prompts]
+
+    def get_metrics(self):
+        return [NS(name="vllm:num_preemptions", value=self.generated)]
+
+    def reset_prefix_cache(self):
+        pass
+"""
+
+
+def test_the_worker_answers_each_command_and_passes_vllms_own_lines_on(tmp_path, capsys):
+    """The real worker script and VllmWorker's protocol, with a stand-in vllm package on the path."""
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(_STAND_IN_VLLM)
+    os.environ["PYTHONPATH"], old = str(tmp_path), os.environ.get("PYTHONPATH")
+    try:
+        stream = Stream("s", [[1, 2, 3], [4, 5]], 2, 2, True)
+        with serving_peer.VllmWorker(tmp_path, threads=1, python=Path(sys.executable)) as vllm:
+            assert vllm.hello == {"vllm": "stand-in", "torch": torch.__version__, "threads": 1}
+            assert set(vllm.ask({"start": serving_peer._vllm_stream(stream)})) == {"start_up_seconds",
+                                                                                   "warm_up_seconds"}
+            first, second = vllm.ask({"run": True}), vllm.ask({"run": True})
+            assert vllm.ask({"stop": True}) == {"stopped": True}
+            assert vllm.cpu_seconds() is None or vllm.cpu_seconds() > 0
+        assert vllm.process.returncode == 0
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
+    assert first["outputs"] == [[3, 3], [2, 2]] and first["cached_tokens"] == [32, 32]
+    assert first["ttft"] == [0.5, 0.5] and second["counters"] == {"vllm:num_preemptions": 1}
+    assert "a log line of vLLM's own" in capsys.readouterr().out
+
+
 def test_vllm_missing_says_what_to_do(tmp_path):
     assert "make peer-vllm" in vllm_missing(tmp_path / "no-python")
     if serving_peer.subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True).returncode:
@@ -161,7 +251,7 @@ def test_vllm_serves_a_small_stream_with_kvlibs_tokens(tmp_path):
     folder = tmp_path / "hf"
     export_hf(model, folder, kvlib.smollm2_path())
     stream = Stream("small", streams(tokenizer)[1].prompts[:4], 8, 4, True)
-    theirs = serving_peer.run_vllm([stream], folder, threads=2)["streams"][0]
+    theirs = serving_peer.run_vllm([stream], folder, threads=2, repeats=1)[0]
     ours = serving_peer.run_kvlib(model, stream, repeats=1)
     found = compare_tokens(model, stream.prompts, ours["outputs"], theirs["outputs"])
     assert all(t["identical"] or t["margin"] <= 1e-3 for t in found), json.dumps(found)
