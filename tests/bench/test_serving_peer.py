@@ -74,7 +74,7 @@ def _record() -> dict:
     return {"streams": [{"name": "s", "prompts": [[1] * 6, [1] * 6], "max_tokens": 2,
                          "kvlib": {**engine, "steps": 3, "preemptions": 1, "prefill_tokens": 8, "inter_token_mean": 0.2,
                                    "walls": [0.5, 0.4, 0.6]},
-                         "vllm": {**engine, "wall": 1.0, "walls": [1.0, 1.2, 0.6], "counters": {"vllm:iteration_tokens_total:count": 4,
+                         "vllm": {**engine, "wall": 1.0, "walls": [1.2, 1.0, 0.9], "counters": {"vllm:iteration_tokens_total:count": 4,
                                                                       "vllm:inter_token_latency_seconds:sum": 0.3,
                                                                       "vllm:inter_token_latency_seconds:count": 2}}}]}
 
@@ -88,7 +88,7 @@ def test_the_summary_reads_each_engine_in_its_own_words():
     assert (theirs["steps"], theirs["preemptions"], theirs["prompt_tokens_computed"]) == (4, 0, 8)
     assert mine["ttft_median"] == pytest.approx(0.2)
     assert (mine["inter_token_mean"], theirs["inter_token_mean"]) == (0.2, 0.15)
-    assert mine["round_ratios"] == pytest.approx([2, 3, 1]) and mine["ratio_median"] == pytest.approx(2)
+    assert mine["round_ratios"] == pytest.approx([2.4, 2.5, 1.5]) and mine["ratio_median"] == pytest.approx(2.4)
     assert theirs["round_ratios"] is None and theirs["ratio_median"] is None
 
 
@@ -265,4 +265,4 @@ def test_the_benchmark_report_shows_the_serving_rows_or_why_not():
     assert _serving({"serving": {"missing": "no vLLM environment"}}) == ["", "No vLLM rows: no vLLM environment."]
     lines = _serving({"serving": {"vllm": "0.32.0", "repeats": 3, "rows": summary(_record()),
                                   "identical": {"s/kvlib": [2, 2]}}})
-    assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.00× | 200.0 ms / 200.0 ms | 33% / 33% | 2 of 2 |"
+    assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.40× | 200.0 ms / 200.0 ms | 33% / 33% | 2 of 2 |"
