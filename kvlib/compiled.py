@@ -61,19 +61,35 @@ def define_op(name: str, fn: Callable[..., torch.Tensor], fake: Callable[..., to
 
 def compile_cache_dir() -> Path:
     """Where torch.compile keeps the code it compiles: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
-    ``torch-compile/<CPU>`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it sets as
-    ``TORCHINDUCTOR_CACHE_DIR`` for this process. (PyTorch's own default is a folder in the
+    ``torch-compile/<CPU>/<operators>`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it
+    sets as ``TORCHINDUCTOR_CACHE_DIR`` for this process. (PyTorch's own default is a folder in the
     system's temporary directory, which a reboot or a new Colab session empties.)
 
-    ``<CPU>`` names the processor and the vector instructions PyTorch's kernels use
-    (``ATEN_CPU_CAPABILITY`` can lower them): torch's cache does not tell them apart, and a
+    ``<CPU>`` (:func:`cpu_tag`) names the processor and the vector instructions PyTorch's kernels
+    use (``ATEN_CPU_CAPABILITY`` can lower them): torch's cache does not tell them apart, and a
     step compiled under one capability and loaded under another wrote wrong tokens (seen with
     ``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 machine); a home folder shared by machines with
-    different CPUs would meet the same.
+    different CPUs would meet the same. ``<operators>`` (:func:`ops_tag`) names the version of
+    kvlib's own operators: torch's cache knows an operator by its name, not by the shape and
+    layout its fake says it returns, and a pass compiled when ``unified_attention`` returned a
+    contiguous tensor, loaded after it came to return its query's layout, wrote wrong tokens.
     """
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile" / cpu_tag())
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile" / cpu_tag() / ops_tag())
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+# The files that tell torch.compile what kvlib's operators return (their fakes), by path from kvlib's folder.
+OPS_SOURCES = ["compiled.py", "serve/compiled.py", "fast/kernels.py", "fast/packed.py"]
+
+
+def ops_tag() -> str:
+    """The version of kvlib's operators, as a folder name: ``ops-1a2b3c4d``, a hash of :data:`OPS_SOURCES`."""
+    import hashlib
+
+    root = Path(__file__).parent
+    text = "".join((root / name).read_text() for name in OPS_SOURCES)
+    return "ops-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def cpu_tag() -> str:

@@ -5,6 +5,8 @@ compiled once for the module and every test reuses it.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -145,14 +147,30 @@ def test_compile_seconds_are_kept(model):
     assert step.compile_seconds is not None and step.compile_seconds > 0
 
 
+def test_a_change_to_what_kvlibs_operators_return_compiles_anew(monkeypatch, tmp_path):
+    """torch's cache knows kvlib's operators by name only: code compiled against an operator's old
+    fake (its result's shape and layout) must not be loaded once the fake changes."""
+    import kvlib.compiled as kc
+
+    for name in kc.OPS_SOURCES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((Path(kc.__file__).parent / name).read_text())
+    monkeypatch.setattr(kc, "__file__", str(tmp_path / "compiled.py"))
+    before = kc.ops_tag()
+    assert before == kc.ops_tag() and before.startswith("ops-")
+    fakes = tmp_path / "serve" / "compiled.py"
+    fakes.write_text(fakes.read_text().replace("torch.empty_like(q))", "q.new_empty(q.shape))"))
+    assert kc.ops_tag() != before
+
+
 def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):
     from kvlib.compiled import compile_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
-    from kvlib.compiled import cpu_tag
+    from kvlib.compiled import cpu_tag, ops_tag
 
-    assert compile_cache_dir() == tmp_path / "torch-compile" / cpu_tag()
+    assert compile_cache_dir() == tmp_path / "torch-compile" / cpu_tag() / ops_tag()
     assert cpu_tag().startswith(torch.backends.cpu.get_cpu_capability().lower() + "-")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == tmp_path / "mine"           # the user's choice wins
@@ -191,12 +209,12 @@ def test_looking_for_a_compiler_keeps_the_cache_in_kvlibs_folder(monkeypatch, tm
     first): kvlib's folder must be in place by then, or the code lands in the system's temp folder."""
     import os
 
-    from kvlib.compiled import compiler_missing, cpu_tag
+    from kvlib.compiled import compiler_missing, cpu_tag, ops_tag
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
     compiler_missing("cpu")
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch-compile" / cpu_tag())
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torch-compile" / cpu_tag() / ops_tag())
 
 
 def test_only_the_cache_and_the_batch_are_symbols(monkeypatch):

@@ -42,15 +42,18 @@ def forward_context(kv: PagedKV) -> Iterator[None]:
 def _unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """:meth:`PagedKV.attend` of layer ``layer`` on the pool of :func:`forward_context`: ``q``
     ``(1, heads, tokens, head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns a new
-    ``(1, heads, tokens, head_dim)`` tensor. (It writes the pool, which is no argument: the compiler
-    sees a function of its arguments, called in the order the layers need.)"""
+    ``(1, heads, tokens, head_dim)`` tensor laid out as ``q`` is (the compiled pass hands ``q`` over
+    as ``(tokens, heads, head_dim)`` in memory, so the layer's next product reads the result as it
+    lies). It writes the pool, which is no argument: the compiler sees a function of its
+    arguments, called in the order the layers need."""
     if not _CONTEXT:
         raise RuntimeError("kvlib::unified_attention runs inside forward_context(pool), which says which pool")
-    return _CONTEXT[-1].attend(layer, q, k, v, None, 0).contiguous()
+    out = _CONTEXT[-1].attend(layer, q, k, v, None, 0)
+    return out if out.stride() == q.stride() and out.data_ptr() != q.data_ptr() else torch.empty_like(q).copy_(out)
 
 
-# What the compiler knows of it: q's shape, contiguous.
-unified_attention = define_op("unified_attention", _unified_attention, lambda q, k, v, layer: q.new_empty(q.shape))
+# What the compiler knows of it: q's shape and layout.
+unified_attention = define_op("unified_attention", _unified_attention, lambda q, k, v, layer: torch.empty_like(q))
 
 
 class _OpaqueAttention:

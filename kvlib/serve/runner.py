@@ -14,24 +14,26 @@ The requests attend in two calls per layer, whatever their number: the decoding 
 query each) together, the prefilling ones (a chunk each) together, each group's rows padded to
 its longest and masked by :func:`kvlib.attention.visible`. The slots come from the block tables
 as tensors (vLLM's ``slot_mapping``), not token by token. With a paged-attention kernel
-(:class:`PagedKV`'s ``paged_attention``), each group's tokens read their keys from the pool in
-place, each token its own keys (a prefilling token at position ``p`` the first ``p + 1``), with
-no padding and no gather.
+(:class:`PagedKV`'s ``paged_attention``), all the step's tokens attend in one call per layer
+(:func:`one_table`), reading their keys from the pool in place, each token its own keys (a
+prefilling token at position ``p`` the first ``p + 1``), with no padding and no gather.
 
 ``Engine(..., compile=True)`` gives the runner the pass compiled (:mod:`kvlib.serve.compiled`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from ..attention import attention, visible
 from .blocks import BlockManager
 from .sequence import Sequence
 
-__all__ = ["PagedKV", "Group", "StepLayout", "ModelRunner", "group_layout", "gather"]
+__all__ = ["PagedKV", "Group", "StepLayout", "ModelRunner", "group_layout", "one_table", "gather"]
 
 
 @dataclass
@@ -53,10 +55,29 @@ class Group:
 
 @dataclass
 class StepLayout:
-    """One step's groups: the decoding requests (one token each) first, then the prefilling ones."""
+    """One step's groups: the decoding requests (one token each) first, then the prefilling ones;
+    for a paged-attention kernel, the step's requests as one table (:func:`one_table`)."""
 
     groups: list[Group]
     slots: torch.Tensor        # (tokens,) the pool slot of each of the step's tokens, in the step's order
+    table: Group | None = None   # every request of the step: context, query_row, query_keys (kernel only)
+
+
+def one_table(groups: list[Group]) -> Group:
+    """The step's groups as one, for a paged-attention kernel, which takes every token of the step
+    in one call: their ``context`` tables stacked (each padded with slot 0 to the widest, past
+    every token's keys), ``query_row`` counting the requests of earlier groups, ``query_keys``
+    side by side. Only those fields and ``first`` (0) are set; the rest are the first group's."""
+    if len(groups) == 1:
+        return groups[0]
+    width = max(g.context.shape[1] for g in groups)
+    context = torch.cat([F.pad(g.context, (0, width - g.context.shape[1])) for g in groups])   # (requests, width)
+    before = [0]
+    for g in groups[:-1]:
+        before.append(before[-1] + g.context.shape[0])
+    row = torch.cat([g.query_row + b for g, b in zip(groups, before)])
+    return dataclasses.replace(groups[0], context=context, query_row=row, first=0,
+                               query_keys=torch.cat([g.query_keys for g in groups]))
 
 
 def group_layout(blocks: BlockManager, items: list[tuple[Sequence, int]], first: int,
@@ -131,15 +152,13 @@ class PagedKV:
         pool_k, pool_v = self.k[layer], self.v[layer]                 # (slots, kv_heads, head_dim)
         pool_k[lay.slots] = k[0].transpose(0, 1)                      # (tokens, kv_heads, head_dim)
         pool_v[lay.slots] = v[0].transpose(0, 1)
+        if self.paged_attention is not None:                          # every token from the pool in place, one call
+            t = lay.table
+            out = self.paged_attention(q[0].transpose(0, 1), pool_k, pool_v, t.context, t.query_keys, t.query_row)
+            return out.transpose(0, 1)[None]                          # (1, heads, tokens, head_dim), a view
         heads, _, head_dim = q.shape[1:]
         outs = []
         for g in lay.groups:                                          # decoding requests, then prefilling ones
-            if self.paged_attention is not None:                      # each token from the pool in place
-                n = g.query_row.shape[0]
-                qg = q[0, :, g.first:g.first + n].transpose(0, 1)       # (n, heads, head_dim)
-                out = self.paged_attention(qg, pool_k, pool_v, g.context, g.query_keys, g.query_row)
-                outs.append(out.transpose(0, 1))                      # (heads, n, head_dim)
-                continue
             rows, q_len = g.queries.shape
             qg = q[0][:, g.queries.reshape(-1)].view(heads, rows, q_len, head_dim).transpose(0, 1)
             out = attention(qg, gather(pool_k, g.context), gather(pool_v, g.context), g.q_positions,
@@ -190,7 +209,8 @@ class ModelRunner:
         parts = [order[:len(decode)], order[len(decode):]]
         groups = [group_layout(self.blocks, [items[i] for i in part], first, device)
                   for part, first in zip(parts, (0, len(decode))) if part]
-        return StepLayout(groups, torch.cat([g.slots for g in groups])), ids, positions, wanted
+        table = one_table(groups) if self.kv.paged_attention is not None else None
+        return StepLayout(groups, torch.cat([g.slots for g in groups]), table), ids, positions, wanted
 
     @torch.no_grad()
     def step(self, items: list[tuple[Sequence, int]]) -> dict[int, torch.Tensor]:

@@ -167,6 +167,28 @@ def test_paged_attention_equals_contiguous_attention():
     torch.testing.assert_close(gather(kv.k[0], slots[None])[0], keys.transpose(0, 1), rtol=0, atol=0)
 
 
+def test_one_table_stacks_the_steps_groups_for_one_kernel_call():
+    """The decoding group (two requests) and a prefilling one (a chunk of three tokens) as one table:
+    every token keeps its own request's slots and its number of keys; padding lies past them."""
+    from kvlib.serve.runner import Group, one_table
+
+    z = torch.zeros(1, dtype=torch.long)
+    def group(context, row, keys, first):
+        return Group(z, z, torch.tensor(context), z, z, z, z, first, torch.tensor(row), torch.tensor(keys))
+
+    decode = group([[1, 2, 3], [4, 5, 6]], [0, 1], [3, 2], 0)
+    prefill = group([[7, 8, 9, 10, 11]], [0, 0, 0], [3, 4, 5], 2)
+    table = one_table([decode, prefill])
+    assert table.context.tolist() == [[1, 2, 3, 0, 0], [4, 5, 6, 0, 0], [7, 8, 9, 10, 11]]
+    assert table.query_row.tolist() == [0, 1, 2, 2, 2] and table.query_keys.tolist() == [3, 2, 3, 4, 5]
+    assert table.first == 0 and one_table([prefill]) is prefill
+    for g in (decode, prefill):                    # each token reads its own keys, and only those
+        for j, (r, n) in enumerate(zip(g.query_row.tolist(), g.query_keys.tolist())):
+            t = g.first + j
+            assert table.context[table.query_row[t], :n].tolist() == g.context[r, :n].tolist()
+            assert table.query_keys[t] == n
+
+
 @PROFILE
 @given(data=st.data())
 def test_paged_logits_equal_contiguous_logits(data):
