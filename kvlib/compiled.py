@@ -73,8 +73,15 @@ def compile_cache_dir() -> Path:
     kvlib's own operators: torch's cache knows an operator by its name, not by the shape and
     layout its fake says it returns, and a pass compiled when ``unified_attention`` returned a
     contiguous tensor, loaded after it came to return its query's layout, wrote wrong tokens.
+
+    Importing ``torch._dynamo`` (which loading a model can do) sets ``TORCHINDUCTOR_CACHE_DIR`` to
+    torch's default folder; that value is taken for unset, not for a choice, so kvlib's folder
+    still wins over it (before, such a process compiled into, and loaded from, the default folder).
     """
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or chosen == default_cache_dir():      # unset, or torch's own default: not a user's choice
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "torch-compile" / cpu_tag() / ops_tag())
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 

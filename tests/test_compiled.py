@@ -159,8 +159,21 @@ def test_a_change_to_what_kvlibs_operators_return_compiles_anew(monkeypatch, tmp
     before = kc.ops_tag()
     assert before == kc.ops_tag() and before.startswith("ops-")
     fakes = tmp_path / "serve" / "compiled.py"
-    fakes.write_text(fakes.read_text().replace("torch.empty_like(q))", "q.new_empty(q.shape))"))
+    fakes.write_text(fakes.read_text().replace("lambda q, k, v, layer: _result(q)", "lambda q, k, v, layer: q.new_empty(q.shape)"))
     assert kc.ops_tag() != before
+
+
+def test_torchs_own_default_folder_does_not_keep_kvlibs_out(monkeypatch, tmp_path):
+    """Importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR to torch's default: kvlib's folder wins
+    over that, as over an unset variable (a broken copy that kept it compiled into the shared
+    temporary folder, where code compiled by older kvlib operators was loaded)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from kvlib.compiled import compile_cache_dir, cpu_tag, ops_tag
+
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert compile_cache_dir() == tmp_path / "torch-compile" / cpu_tag() / ops_tag()
 
 
 def test_compiled_code_is_kept_in_kvlibs_folder(monkeypatch, tmp_path):

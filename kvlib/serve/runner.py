@@ -10,9 +10,9 @@ request's tokens live wherever its *block table* says, position ``p`` in slot
 scheduled request (the one new token of each decoding request, the prompt chunk of each
 prefilling one) in one flat row ``(1, tokens)``, each token at its own position, each request
 attending through its own block table. Only scheduled requests are computed, never idle rows.
-The requests attend in two calls per layer, whatever their number: the decoding ones (one
-query each) together, the prefilling ones (a chunk each) together, each group's rows padded to
-its longest and masked by :func:`kvlib.attention.visible`. The slots come from the block tables
+Without a kernel, the requests attend in two calls per layer, whatever their number: the
+decoding ones (one query each) together, the prefilling ones (a chunk each) together, each
+group's rows padded to its longest and masked by :func:`kvlib.attention.visible`. The slots come from the block tables
 as tensors (vLLM's ``slot_mapping``), not token by token. With a paged-attention kernel
 (:class:`PagedKV`'s ``paged_attention``), all the step's tokens attend in one call per layer
 (:func:`one_table`), reading their keys from the pool in place, each token its own keys (a
