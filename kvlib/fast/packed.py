@@ -59,6 +59,9 @@ class PackedLinear(nn.Module):
                              f"{tuple(weight.shape)} on {weight.device}")
         if kernel not in KERNELS:
             raise ValueError(f"PackedLinear's kernel is one of {sorted(KERNELS)}, got {kernel!r}")
+        if kernel == "panels" and kernels_missing():
+            raise RuntimeError(f"PackedLinear's panels need kvlib's kernels, which are not here: {kernels_missing()}; "
+                               f"use kernel='onednn'")
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
         w = weight.detach()
@@ -80,12 +83,12 @@ class PackedLinear(nn.Module):
 
 def packing_kernel() -> str | None:
     """The kernel :func:`pack` uses here by default: ``"panels"`` where kvlib's kernels build with
-    AVX-512 (there the panels kept pace with oneDNN at many rows and read the weights faster at a
-    few); else ``"onednn"`` where PyTorch has oneDNN (built for AVX2 alone, the panels fall behind
-    oneDNN once a step has more than a few rows); else ``"panels"`` where kvlib's kernels build at
-    all; ``None`` where there is neither. The page *From kvlib to vLLM* gives the measurements."""
+    vector instructions (AVX-512 or AVX2: there the panels read the weights faster than oneDNN for
+    the few rows of a decode step, and kept pace with it at a few hundred); else ``"onednn"`` where
+    PyTorch has oneDNN; else ``"panels"`` in plain loops where kvlib's kernels build at all; ``None``
+    where there is neither. The page *From kvlib to vLLM* gives the measurements."""
     ours = kernels_missing() is None
-    if ours and panel_simd() == "avx512":
+    if ours and panel_simd() in ("avx512", "avx2"):
         return "panels"
     if torch.backends.mkldnn.is_available():
         return "onednn"

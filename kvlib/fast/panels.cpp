@@ -37,20 +37,20 @@ constexpr int64_t VECS = PANEL / WIDTH;      // vectors per panel row
 // M rows of x (row stride ldx) times one panel wp (in, 16): out (M, 16), row stride ldo.
 template <int64_t M>
 inline void tile(const float* x, int64_t ldx, const float* wp, int64_t in, float* out, int64_t ldo) {
-  Vec acc[M][VECS];
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t v = 0; v < VECS; ++v) acc[m][v] = vzero();
+  Vec acc[M][VECS];                          // in registers: every loop over m or v unrolled (simd.h)
+  KVLIB_UNROLL for (int64_t m = 0; m < M; ++m)
+    KVLIB_UNROLL for (int64_t v = 0; v < VECS; ++v) acc[m][v] = vzero();
   for (int64_t k = 0; k < in; ++k) {
     Vec w[VECS];
-    for (int64_t v = 0; v < VECS; ++v) w[v] = vload(wp + k * PANEL + v * WIDTH);
+    KVLIB_UNROLL for (int64_t v = 0; v < VECS; ++v) w[v] = vload(wp + k * PANEL + v * WIDTH);
     prefetch(wp + (k + AHEAD) * PANEL);      // (a hint: past the end it reads nothing)
-    for (int64_t m = 0; m < M; ++m) {
+    KVLIB_UNROLL for (int64_t m = 0; m < M; ++m) {
       const Vec xb = vbroadcast(x + m * ldx + k);
-      for (int64_t v = 0; v < VECS; ++v) acc[m][v] = vfma(xb, w[v], acc[m][v]);
+      KVLIB_UNROLL for (int64_t v = 0; v < VECS; ++v) acc[m][v] = vfma(xb, w[v], acc[m][v]);
     }
   }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t v = 0; v < VECS; ++v) vstore(out + m * ldo + v * WIDTH, acc[m][v]);
+  KVLIB_UNROLL for (int64_t m = 0; m < M; ++m)
+    KVLIB_UNROLL for (int64_t v = 0; v < VECS; ++v) vstore(out + m * ldo + v * WIDTH, acc[m][v]);
 }
 
 // The last rows (fewer than MT): a tile of exactly `rows`.

@@ -72,12 +72,20 @@ def test_what_cannot_be_packed_is_refused_with_the_reason():
 
 
 def test_the_default_kernel_is_one_this_machine_has():
-    """pack's default: kvlib's panels where they are built with AVX-512, else oneDNN where PyTorch has it."""
+    """pack's default: kvlib's panels where they are built with AVX-512 or AVX2, else oneDNN where PyTorch has it."""
     kernel = packing_kernel()
     assert kernel in KERNELS
-    if kernels_missing() is None and kvlib.fast.kernels.panel_simd() == "avx512":
+    if kernels_missing() is None and kvlib.fast.kernels.panel_simd() in ("avx512", "avx2"):
         assert kernel == "panels"
     elif torch.backends.mkldnn.is_available():
         assert kernel == "onednn"
     with pytest.raises(ValueError, match="kernel is one of"):
         PackedLinear(torch.zeros(2, 2), "mkl")
+
+
+def test_panels_without_kvlibs_kernels_say_why_and_what_to_use(monkeypatch):
+    """Asking for the panels where kvlib's kernels did not build names the reason and the other kernel,
+    rather than failing inside torch.ops with an unknown operator."""
+    monkeypatch.setattr(kvlib.fast.packed, "kernels_missing", lambda: "no C++ compiler was found")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler was found.*kernel='onednn'"):
+        PackedLinear(torch.zeros(16, 8), "panels")
