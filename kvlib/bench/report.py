@@ -155,7 +155,7 @@ def _serving(result: dict) -> list[str]:
                  f"batch limit and prefix caching; {serving['repeats']} rounds, each engine once a round in turn, the run of median time; "
                  "kvlib / vLLM is the median of the rounds' ratios. `kvlib`: "
                  "the model as loaded, eager; `kvlib_fast`: as vLLM's CPU build runs its model, the matrices fused and "
-                 "packed once for a matrix kernel (oneDNN, or kvlib's panels where kvlib's kernels build with AVX-512), "
+                 "packed once for a matrix kernel (kvlib's panels where kvlib's kernels build with AVX2 or AVX-512, else oneDNN), "
                  "the forward pass compiled with attention as one operator.", "",
              "| stream | engine | kvlib tok/s | vLLM tok/s | kvlib / vLLM | first token, median (kvlib / vLLM) | "
              "from the prefix cache (kvlib / vLLM) | answers identical to vLLM's |", "|---|---|---:|---:|---:|---|---|---|"]
