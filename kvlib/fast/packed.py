@@ -59,9 +59,9 @@ class PackedLinear(nn.Module):
                              f"{tuple(weight.shape)} on {weight.device}")
         if kernel not in KERNELS:
             raise ValueError(f"PackedLinear's kernel is one of {sorted(KERNELS)}, got {kernel!r}")
-        if kernel == "panels" and kernels_missing():
-            raise RuntimeError(f"PackedLinear's panels need kvlib's kernels, which are not here: {kernels_missing()}; "
-                               f"use kernel='onednn'")
+        if kernel == "panels" and (why := kernels_missing()):
+            raise RuntimeError(f"PackedLinear's panels need kvlib's kernels, which are not here: {why}; "
+                               "use kernel='onednn'")
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel
         w = weight.detach()
