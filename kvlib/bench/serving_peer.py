@@ -194,9 +194,11 @@ def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Modu
 
 
 def _median(runs: list[dict]) -> dict:
-    """The run of median time, with every run's time in the order they ran (``walls``)."""
+    """The run of median time, with every run's time in the order they ran (``walls``) and, where
+    the runs report when each request's first token came, every run's median of those (``ttft_medians``)."""
     middle = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
-    return {**middle, "walls": [r["wall"] for r in runs]}
+    firsts = [ServeReport.percentile(r["ttft"], 50) for r in runs] if all("ttft" in r for r in runs) else None
+    return {**middle, "walls": [r["wall"] for r in runs], "ttft_medians": firsts}
 
 
 def kvlib_server(model: torch.nn.Module, stream: Stream, **options) -> Callable[[], dict]:
@@ -373,7 +375,9 @@ def summary(record: dict) -> list[dict]:
     from the prefix cache, prompt tokens computed, preemptions, forward passes (steps) and the
     mean time between two tokens of a request (a decode step's time, vLLM's inter-token latency);
     for kvlib's engines, each round's speed against vLLM's in the same round (vLLM's time over the
-    engine's: above 1, kvlib is faster) and their median."""
+    engine's: above 1, kvlib is faster) and their median, and the same for the first token (vLLM's
+    median time to first token over the engine's, round by round; ``None`` in a record made before
+    the rounds' first tokens were kept)."""
     rows = []
     for s in record["streams"]:
         prompt_tokens = sum(len(p) for p in s["prompts"])
@@ -394,8 +398,10 @@ def summary(record: dict) -> list[dict]:
                          "round_ratios": [v / w for v, w in zip(s["vllm"]["walls"], r["walls"])] if mine else None,
                          "inter_token_mean": r["inter_token_mean"] if mine else
                          counters["vllm:inter_token_latency_seconds:sum"] / counters["vllm:inter_token_latency_seconds:count"]})
-            ratios = rows[-1]["round_ratios"]
-            rows[-1]["ratio_median"] = ServeReport.percentile(ratios, 50) if ratios else None
+            theirs, ours = s["vllm"].get("ttft_medians"), r.get("ttft_medians")
+            rows[-1]["ttft_round_ratios"] = [v / w for v, w in zip(theirs, ours)] if mine and theirs and ours else None
+            for key, ratios in (("ratio_median", rows[-1]["round_ratios"]), ("ttft_ratio_median", rows[-1]["ttft_round_ratios"])):
+                rows[-1][key] = ServeReport.percentile(ratios, 50) if ratios else None
     return rows
 
 

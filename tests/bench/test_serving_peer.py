@@ -73,8 +73,9 @@ def _record() -> dict:
     engine = {"outputs": [[1, 2], [3, 4]], "wall": 0.5, "ttft": [0.1, 0.3], "cached_tokens": [0, 4]}
     return {"streams": [{"name": "s", "prompts": [[1] * 6, [1] * 6], "max_tokens": 2,
                          "kvlib": {**engine, "steps": 3, "preemptions": 1, "prefill_tokens": 8, "inter_token_mean": 0.2,
-                                   "walls": [0.5, 0.4, 0.6]},
-                         "vllm": {**engine, "wall": 1.0, "walls": [1.2, 1.0, 0.9], "counters": {"vllm:iteration_tokens_total:count": 4,
+                                   "walls": [0.5, 0.4, 0.6], "ttft_medians": [0.2, 0.25, 0.4]},
+                         "vllm": {**engine, "wall": 1.0, "walls": [1.2, 1.0, 0.9], "ttft_medians": [0.3, 0.2, 0.2],
+                                  "counters": {"vllm:iteration_tokens_total:count": 4,
                                                                       "vllm:inter_token_latency_seconds:sum": 0.3,
                                                                       "vllm:inter_token_latency_seconds:count": 2}}}]}
 
@@ -90,6 +91,16 @@ def test_the_summary_reads_each_engine_in_its_own_words():
     assert (mine["inter_token_mean"], theirs["inter_token_mean"]) == (0.2, 0.15)
     assert mine["round_ratios"] == pytest.approx([2.4, 2.5, 1.5]) and mine["ratio_median"] == pytest.approx(2.4)
     assert theirs["round_ratios"] is None and theirs["ratio_median"] is None
+    assert mine["ttft_round_ratios"] == pytest.approx([1.5, 0.8, 0.5]) and mine["ttft_ratio_median"] == pytest.approx(0.8)
+    assert theirs["ttft_round_ratios"] is None and theirs["ttft_ratio_median"] is None
+
+
+def test_a_record_without_the_rounds_first_tokens_has_no_first_token_ratios():
+    record = _record()
+    del record["streams"][0]["vllm"]["ttft_medians"]
+    mine, _ = summary(record)
+    assert mine["ttft_round_ratios"] is None and mine["ttft_ratio_median"] is None
+    assert mine["ratio_median"] == pytest.approx(2.4)
 
 
 def test_the_summary_has_a_row_for_each_engine_the_record_holds_in_order():
@@ -138,7 +149,10 @@ class _FakeWorker:
         self.log.append(("vllm", next(iter(command))))
         if "start" in command:
             return {"start_up_seconds": 7.0, "warm_up_seconds": 1.5}
-        return {"wall": next(self.walls), "outputs": [[1]]} if "run" in command else {"stopped": True}
+        if "run" not in command:
+            return {"stopped": True}
+        wall = next(self.walls)
+        return {"wall": wall, "outputs": [[1]], "ttft": [wall / 4, wall / 2, wall]}
 
     def cpu_seconds(self) -> float:
         self.cpu += 0.01
@@ -153,7 +167,11 @@ def test_the_engines_take_turns_and_each_keeps_its_median_run(monkeypatch):
     def server(model, stream, **options):
         log.append((model, "warm-up"))
         walls = iter({"a": [2.0, 0.5, 1.0], "b": [4.0, 6.0, 5.0]}[model])
-        return lambda: log.append((model, "run")) or {"wall": next(walls), "outputs": [[1]]}
+        def once():
+            log.append((model, "run"))
+            wall = next(walls)
+            return {"wall": wall, "outputs": [[1]], "ttft": [wall / 2, wall / 2]}
+        return once
 
     monkeypatch.setattr(serving_peer, "kvlib_server", server)
     found = serving_peer.take_turns(_FakeWorker(log), {"kvlib": ("a", {}), "kvlib_fast": ("b", {})},
@@ -162,6 +180,7 @@ def test_the_engines_take_turns_and_each_keeps_its_median_run(monkeypatch):
                    *[("vllm", "run"), ("a", "run"), ("b", "run")] * 3, ("vllm", "stop")]
     assert [found[k]["wall"] for k in ("vllm", "kvlib", "kvlib_fast")] == [2.0, 1.0, 5.0]
     assert found["kvlib"]["walls"] == [2.0, 0.5, 1.0] and found["vllm"]["walls"] == [3.0, 1.0, 2.0]
+    assert found["kvlib"]["ttft_medians"] == [1.0, 0.25, 0.5] and found["vllm"]["ttft_medians"] == [1.5, 0.5, 1.0]
     assert found["vllm"]["start_up_seconds"] == 7.0
     assert found["vllm"]["cpu_seconds_while_kvlib_ran"] == pytest.approx(0.03)
 
@@ -265,4 +284,4 @@ def test_the_benchmark_report_shows_the_serving_rows_or_why_not():
     assert _serving({"serving": {"missing": "no vLLM environment"}}) == ["", "No vLLM rows: no vLLM environment."]
     lines = _serving({"serving": {"vllm": "0.32.0", "repeats": 3, "rows": summary(_record()),
                                   "identical": {"s/kvlib": [2, 2]}}})
-    assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.40× | 200.0 ms / 200.0 ms | 33% / 33% | 2 of 2 |"
+    assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.40× | 200.0 ms / 200.0 ms (0.80×) | 33% / 33% | 2 of 2 |"
