@@ -171,7 +171,8 @@ def _serving(result: dict) -> list[str]:
 
 
 def _first_token_ratio(row: dict) -> str:
-    """`` (kvlib / vLLM 1.03×)``: the median of the rounds' first-token ratios, where the row has it."""
+    """`` (1.03×)``: the median of the rounds' first-token ratios (vLLM's wait over kvlib's), where
+    the row has it; nothing for a record made before the rounds' first tokens were kept."""
     ratio = row.get("ttft_ratio_median")
     return "" if ratio is None else f" ({ratio:.2f}×)"
 
