@@ -15,6 +15,7 @@ Listed in ``_config.yml`` under ``sphinx: local_extensions``.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -79,6 +80,71 @@ def machine(path: Path) -> str | None:
     return None
 
 
+def _span(path: Path) -> tuple[datetime, datetime]:
+    """When the stored run of the notebook at ``path`` started its first cell and ended its last."""
+    times = [cell["metadata"]["execution"] for cell, _ in _cell_seconds(path)]
+    return _stamp(times[0]["iopub.execute_input"]), _stamp(times[-1]["shell.execute_reply"])
+
+
+# The sanitizer's patterns for what varies between machines (tests/nbval_sanitize.cfg): a page
+# that prints one of them has measured something, and names its machine first.
+_MEASURED = re.compile(r"(?<![\w.])\d+(\.\d+)?\s?(ms|µs|s|tok/s|GB/s|GFLOP/s)\b|× (faster|slower)|≈ -?\d")
+RUN_GAP_SECONDS = 300          # between one notebook's last cell and the next one's first: a kernel's start
+
+
+def run_problems(paths: list[Path]) -> list[str]:
+    """What keeps the stored notebooks at ``paths`` from being one run on one machine, as
+    ``make notebooks`` makes it (empty when they are): the notebooks executed one after the
+    other in the order of their names, each starting within ``RUN_GAP_SECONDS`` of the end of
+    the one before; every page that prints a machine-dependent figure names its machine with
+    ``kvlib.describe_machine()`` in that cell or before it; all of them name the same machine,
+    and the date they name is the day the run started."""
+    problems, spans = [], [(p, *_span(p)) for p in sorted(paths)]
+    for (before, _, end), (after, start, _) in zip(spans, spans[1:]):
+        gap = (start - end).total_seconds()
+        if not 0 <= gap <= RUN_GAP_SECONDS:
+            problems.append(f"{after.name} started {gap:+.0f} s after {before.name} ended: not one run "
+                            "(`make notebooks` executes them all, one after the other)")
+    machines = {}
+    for path in sorted(paths):
+        named, first = _first_measurement(path)
+        if first is not None and (named is None or named > first):
+            problems.append(f"{path.name}: cell {first} prints a measured figure before the page names its "
+                            "machine (print kvlib.describe_machine() in the first measuring cell)")
+        if (name := machine(path)) is not None:            # the CPU, torch and the date; a page may
+            name = re.sub(r", \d+ threads?,", ",", name)   # time one thread on purpose (section 4)
+            machines.setdefault(name, []).append(path.name)
+    if len(machines) > 1:
+        problems.append(f"the pages name {len(machines)} machines: {machines}")
+    if spans and machines:
+        day = spans[0][1].date().isoformat()
+        problems += [f"{names[0]} names {name.rsplit(', ', 1)[-1]}, the run started on {day}"
+                     for name, names in machines.items() if not name.endswith(day)]
+    return problems
+
+
+def _first_measurement(path: Path) -> tuple[int | None, int | None]:
+    """The index of the first code cell that prints the machine line, and of the first that
+    prints a measured figure (``None`` where there is none)."""
+    named = first = None
+    for index, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+        if named is None and MACHINE_LINE in text:
+            named = index
+        if first is None and _MEASURED.search(text.replace(MACHINE_LINE, "")):
+            first = index
+    return named, first
+
+
+def run_summary(paths: list[Path]) -> str:
+    """``"2026-12-07, 18:40 to 19:02 UTC (22 min 10 s of execution)"``: when the stored run of the
+    notebooks at ``paths`` ran, and how long its cells took in all."""
+    spans = [_span(p) for p in sorted(paths)]
+    start, end = spans[0][0], spans[-1][1]
+    total = sum(notebook_seconds(p) for p in paths)
+    return f"{start:%Y-%m-%d}, {start:%H:%M} to {end:%H:%M} UTC ({fmt_runtime(total)} of execution)"
+
+
 def runtimes(chapters: Path) -> dict[str, str]:
     """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``, ``compile_NN``
     for those that compile, and ``notebooks_machine``: the machine the stored runs name (each
@@ -91,6 +157,7 @@ def runtimes(chapters: Path) -> dict[str, str]:
         if (name := machine(path)) and name not in machines:
             machines.append(name)
     found["notebooks_machine"] = "; ".join(machines) or "an unnamed machine"
+    found["notebooks_run"] = run_summary(sorted(chapters.glob("[0-9][0-9]_*.ipynb")))
     return found
 
 

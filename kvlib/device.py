@@ -156,7 +156,8 @@ def describe_machine(device: str | torch.device | None = None) -> str:
     threads = torch.get_num_threads()
     what = (f"{cpu_name()} ({vector_instructions()}), {threads} thread{'' if threads == 1 else 's'}"
             if device.type == "cpu" else describe_device(device))
-    return f"This page's measurements: {what}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()     # the day of the cells' UTC times
+    return f"This page's measurements: {what}, torch {torch.__version__}, {today}"
 
 
 def describe_device(device: str | torch.device) -> str:

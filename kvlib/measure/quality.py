@@ -13,7 +13,7 @@ from ..cache.base import KVCache
 from ..checks import positive_int
 from ..device import return_freed_memory
 
-__all__ = ["Agreement", "LogProbs", "next_token_agreement", "Quality", "teacher_forced", "plain_cache", "evaluate",
+__all__ = ["Agreement", "LogProbs", "next_token_agreement", "top2_gap", "closest_call", "Quality", "teacher_forced", "plain_cache", "evaluate",
            "evaluate_many", "cache_quality"]
 
 
@@ -37,6 +37,26 @@ class Agreement:
     def top1(self) -> float:
         """Share of positions whose most likely next token is the reference's."""
         return float(self.same_top1.double().mean())
+
+
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """Per position, the best logit minus the second best: ``(..., vocab) -> (...)``. Where it is
+    smaller than two runs' rounding differences, either token may win (a near-tie)."""
+    top = logits.topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+def closest_call(model: torch.nn.Module, prompt: Sequence[int], tokens: Sequence[int]) -> float:
+    """The smallest :func:`top2_gap` over the steps that chose ``tokens`` after ``prompt``: how close
+    a greedy run came to a near-tie. One forward pass over ``prompt + tokens[:-1]`` (the logits of
+    each step, as a teacher-forced run computes them), so a comparison of two runs' tokens can print
+    it beside its verdict."""
+    if not prompt or not tokens:
+        raise ValueError(f"closest_call needs a prompt and at least one token, got {len(prompt)} and {len(tokens)}")
+    ids = torch.tensor([list(prompt) + list(tokens[:-1])], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(ids)[0, len(prompt) - 1:]                   # (len(tokens), vocab)
+    return float(top2_gap(logits.float()).min())
 
 
 class LogProbs:

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 from ..clock import Stopwatch, median_seconds, sync     # the one stopwatch and the one median timer
 
-__all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "sync", "Stopwatch", "time_call",
-           "median_seconds"]
+__all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "fmt_verdict", "sync", "Stopwatch",
+           "time_call", "median_seconds"]
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -54,6 +54,17 @@ def fmt_exponent(exponent: float) -> str:
     (a :func:`fmt_approx` figure; exponents of counted FLOPs are exact and printed as plain
     numbers)."""
     return f"measured exponent {fmt_approx(exponent, '.2f')}"
+
+
+def fmt_verdict(verdict: str) -> str:
+    """A conclusion drawn from this machine's measurements, e.g. ``'→ the draft pays here'``: which
+    kernel wins, whether a step is memory-bound, which engine is ahead. It differs between
+    machines, so it ends its line, after the measured figures it is drawn from, and the notebook
+    tests (``tests/nbval_sanitize.cfg``) replace everything from the arrow to the end of the line.
+    The prose beside it says what to expect either way."""
+    if "\n" in verdict:
+        raise ValueError("a verdict is one line: it is replaced up to the end of its line")
+    return f"→ {verdict}"
 
 
 def time_call(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> list[float]:

@@ -7,8 +7,8 @@ import pytest
 
 import torch
 
-from kvlib.measure import (TensorMemoryTracker, count_flops, fmt_approx, fmt_bytes, fmt_exponent, fmt_ratio,
-                           fmt_seconds, median_seconds, peak_memory)
+from kvlib.measure import (TensorMemoryTracker, closest_call, count_flops, fmt_approx, fmt_bytes, fmt_exponent,
+                           fmt_ratio, fmt_seconds, fmt_verdict, median_seconds, peak_memory, top2_gap)
 
 
 def test_formats_match_the_nbval_sanitizer():
@@ -29,6 +29,31 @@ def test_formats_match_the_nbval_sanitizer():
     assert fmt_ratio(8.73) == "8.7× faster"
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(100) == "100 B"
 
+
+
+def test_a_verdict_is_replaced_to_the_end_of_its_line():
+    """fmt_verdict: a machine's conclusion ends its line and is compared as one word; what stands
+    before it on the line (the measured figures, the question) is compared as usual."""
+    line = f"2 rows against 1: {fmt_ratio(1.3, 'slower')}, {fmt_verdict('the step grows with the rows')}"
+    other = f"2 rows against 1: {fmt_ratio(1.02, 'slower')}, {fmt_verdict('2 rows cost as much as 1')}"
+    assert _sanitized(line) == _sanitized(other) == "2 rows against 1: RATIO× FASTER-OR-SLOWER, → VERDICT"
+    assert _sanitized("rows: 2, " + fmt_verdict("x")) != _sanitized("rows: 3, " + fmt_verdict("x"))
+    with pytest.raises(ValueError, match="one line"):
+        fmt_verdict("two\nlines")
+
+
+def test_closest_call_is_the_smallest_gap_of_the_greedy_steps():
+    """closest_call's one teacher-forced pass gives the gaps a step-by-step greedy run sees."""
+    import kvlib
+
+    torch.manual_seed(0)
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    run = kvlib.generate(model, [3, 1, 4, 1, 5], 6, keep_logits=True)
+    gaps = top2_gap(run.logits)
+    assert gaps.shape == (6,) and (gaps >= 0).all()
+    assert closest_call(model, [3, 1, 4, 1, 5], run.tokens) == pytest.approx(float(gaps.min()), abs=1e-5)
+    with pytest.raises(ValueError, match="needs a prompt and at least one token"):
+        closest_call(model, [3], [])
 
 
 def test_a_ratio_below_one_is_turned_round():
