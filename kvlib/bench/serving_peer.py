@@ -53,7 +53,7 @@ from .vllm_worker import MARK
 
 __all__ = ["BLOCK_SIZE", "STEP_TOKENS", "REPEATS", "VLLM_ENV", "KVLIB_ENGINES", "ENGINES", "Stream", "default_model_dir",
            "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "kvlib_engines", "kvlib_server",
-           "run_kvlib", "VllmWorker", "run_vllm", "take_turns", "compare_tokens", "run", "summary", "main"]
+           "step_products", "standing", "run_kvlib", "VllmWorker", "run_vllm", "take_turns", "compare_tokens", "run", "summary", "main"]
 
 BLOCK_SIZE = 32           # vLLM's CPU attention wants a multiple of 32
 STEP_TOKENS = 4096        # tokens one step may run: kvlib's prefill_chunk, vLLM's max_num_batched_tokens
@@ -93,9 +93,10 @@ class Stream:
         return min(sum(each), self.max_batch * max(each))
 
     def vllm_engine(self) -> dict:
-        """The same settings in :class:`vllm.LLM`'s words."""
+        """The same settings in :class:`vllm.LLM`'s words (the worker starts vLLM with exactly these),
+        float32 as kvlib computes."""
         return {"block_size": BLOCK_SIZE, "max_num_seqs": self.max_batch, "max_num_batched_tokens": STEP_TOKENS,
-                "enable_prefix_caching": self.prefix_caching, "max_model_len": 2048}
+                "enable_prefix_caching": self.prefix_caching, "max_model_len": 2048, "dtype": "float32"}
 
 
 def streams(tokenizer) -> list[Stream]:
@@ -221,6 +222,32 @@ def kvlib_server(model: torch.nn.Module, stream: Stream, **options) -> Callable[
                 "prefill_tokens": report.prefill_tokens,
                 "inter_token_mean": sum(report.inter_token) / len(report.inter_token)}
     return once
+
+
+def step_products(model: torch.nn.Module, rows: int) -> Callable[[], list[torch.Tensor]]:
+    """A function that runs one decode step's worth of ``model``'s matrix products for ``rows`` rows on
+    random activations, and nothing else: every weight matrix of every layer once, then the output
+    layer (``model.lm_head``, or the tied embedding where there is none). For timing the products
+    apart from the rest of a step, on the model as loaded and on :func:`fast_float32`'s copy alike."""
+    layers = [m for block in model.blocks for m in block.modules() if hasattr(m, "in_features")]
+    embed = model.embed.weight
+    head = model.lm_head if model.lm_head is not None else (lambda x: torch.nn.functional.linear(x, embed))
+    inputs = [torch.randn(1, rows, m.in_features) for m in layers] + [torch.randn(1, rows, embed.shape[1])]
+
+    @torch.no_grad()
+    def products() -> list[torch.Tensor]:
+        return [m(x) for m, x in zip([*layers, head], inputs)]
+    return products
+
+
+def standing(ratios: list[float]) -> str:
+    """Where a kvlib engine stood against vLLM over the rounds of a run (each round's ratio, vLLM's
+    time over kvlib's): ahead or behind only where every round agrees, otherwise level."""
+    if min(ratios) > 1:
+        return "ahead in every round"
+    if max(ratios) < 1:
+        return "behind in every round"
+    return "level: rounds on both sides of 1"
 
 
 def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **options) -> dict:

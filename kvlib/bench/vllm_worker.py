@@ -68,7 +68,7 @@ class StreamEngine:
         from vllm import LLM, SamplingParams
 
         started = time.perf_counter()
-        self.llm = LLM(model=model_dir, dtype="float32", seed=0, disable_log_stats=False, **stream["engine"])
+        self.llm = LLM(model=model_dir, seed=0, disable_log_stats=False, **stream["engine"])   # dtype among them
         self.start_up = time.perf_counter() - started
         self.stream = stream
         self.prompts = [{"prompt_token_ids": p} for p in stream["prompts"]]

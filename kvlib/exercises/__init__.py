@@ -8,7 +8,7 @@ message instead of a long traceback.
 
 The checks live in one module per section, named after it (``one_token``, ``attention``,
 ``kv_cache``, ``quadratic_vs_linear``, ``real_model``, ``price_of_memory``, ``batching`` and
-``batching_waste``, ``quantization`` and ``quantization_flip``, ``reuse``: a section whose checks outgrow
+``batching_waste``, ``quantization`` and ``quantization_flip``, ``reuse``, ``speculative``, ``levers``, ``serving``: a section whose checks outgrow
 one short module gets a second); they are looked up here lazily, so ``from kvlib.exercises import check_x`` works for all of them.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["Case", "CheckFailed", "run_check"]
 # there (yet) is skipped.
 _SECTION_MODULES = ("one_token", "attention", "kv_cache", "quadratic_vs_linear", "real_model", "price_of_memory",
                     "batching", "batching_waste", "quantization", "quantization_flip", "reuse",
-                    "speculative", "levers")
+                    "speculative", "levers", "serving")
 
 
 def _section_modules():

@@ -25,7 +25,7 @@ from ..cache import kv_bytes_per_token
 from .flops import step_flops
 
 __all__ = ["Link", "REFERENCE_LINKS", "tensor_parallel_bytes", "pipeline_parallel_bytes", "disaggregation_bytes",
-           "prefill_flops"]
+           "prefill_flops", "Segment", "tensor_parallel_timeline", "pipeline_parallel_timeline"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,66 @@ def prefill_flops(config, prompt_tokens: int) -> int:
 def _config(model):
     """The :class:`kvlib.Config` of a config or a :class:`kvlib.cache.ModelShape`."""
     return getattr(model, "config", model)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What one device does for a while in a split decode step: ``kind`` is ``"attention"`` or
+    ``"MLP"`` (reading its share of those weights), ``"all-reduce"`` (summing partial results
+    over the link), ``"stage"`` (a pipeline stage's layers for one batch) or ``"send"``
+    (activations to the next stage); ``label`` names the layer or the batch."""
+
+    device: int
+    start: float
+    seconds: float
+    kind: str
+    label: str
+
+
+def _layer_bytes(config, dtype_bytes: int) -> tuple[int, int]:
+    """A layer's weight bytes: its attention projections (q, k, v, o) and its MLP (gate, up, down)."""
+    c = _config(config)
+    attention = c.d_model * c.head_dim * (2 * c.n_heads + 2 * c.n_kv_heads)
+    return attention * dtype_bytes, 3 * c.d_model * c.d_mlp * dtype_bytes
+
+
+def tensor_parallel_timeline(config, tokens: int, devices: int, accelerator, link: Link, layers: int = 2,
+                             dtype_bytes: int = 2) -> list[Segment]:
+    """The first ``layers`` layers of a memory-bound decode step of ``tokens`` rows split over
+    ``devices`` (tensor parallelism): every device reads ``1 / devices`` of a layer's attention
+    weights, then all of them wait for the all-reduce of its output
+    (:func:`tensor_parallel_bytes`' share of one layer, over ``link``), then the same for the MLP.
+    Times: bytes over ``accelerator.bytes_per_s`` and ``link.bytes_per_s``; the arithmetic, the
+    cache reads and the link's latency (a few microseconds per all-reduce, which for messages this
+    small weighs as much as their bytes) are left out."""
+    attention, mlp = (b / devices / accelerator.bytes_per_s for b in _layer_bytes(config, dtype_bytes))
+    reduce = tensor_parallel_bytes(config, tokens, devices, dtype_bytes) / (2 * config.n_layers) / link.bytes_per_s
+    out, t = [], 0.0
+    for layer in range(layers):
+        for kind, seconds in (("attention", attention), ("all-reduce", reduce), ("MLP", mlp), ("all-reduce", reduce)):
+            out += [Segment(d, t, seconds, kind, f"layer {layer}") for d in range(devices)]
+            t += seconds
+    return out
+
+
+def pipeline_parallel_timeline(config, tokens: int, stages: int, batches: int, accelerator, link: Link,
+                               dtype_bytes: int = 2) -> list[Segment]:
+    """``batches`` decode steps of ``tokens`` rows each, in flight together over ``stages`` pipeline
+    stages: stage ``s`` runs its ``n_layers / stages`` layers on batch ``b`` (reading their weights:
+    memory-bound) once stage ``s - 1`` has sent it that batch's activations (``tokens × d_model``
+    numbers over ``link``: :func:`pipeline_parallel_bytes` per boundary). One batch alone would
+    leave every stage but one idle: the pipeline is kept full by several batches at once."""
+    layer = sum(_layer_bytes(config, dtype_bytes))
+    stage = layer * config.n_layers / stages / accelerator.bytes_per_s
+    send = pipeline_parallel_bytes(config, tokens, 2, dtype_bytes) / link.bytes_per_s       # one boundary
+    out, ready = [], [0.0] * batches                       # when batch b's activations reach the next stage
+    for s in range(stages):
+        free = 0.0
+        for b in range(batches):
+            start = max(free, ready[b])
+            out.append(Segment(s, start, stage, "stage", f"batch {b}"))
+            free = start + stage
+            if s < stages - 1:
+                out.append(Segment(s, free, send, "send", f"batch {b}"))
+                ready[b] = free + send
+    return out

@@ -243,7 +243,25 @@ def test_vllm_missing_says_what_to_do(tmp_path):
 def test_the_engine_settings_translate_to_vllm_words():
     s = Stream("x", [[1]], 4, 8, True)
     assert s.vllm_engine() == {"block_size": 32, "max_num_seqs": 8, "max_num_batched_tokens": serving_peer.STEP_TOKENS,
-                               "enable_prefix_caching": True, "max_model_len": 2048}
+                               "enable_prefix_caching": True, "max_model_len": 2048, "dtype": "float32"}
+
+
+def test_standing_calls_a_lead_only_where_every_round_agrees():
+    assert serving_peer.standing([1.1, 1.02, 1.3]) == "ahead in every round"
+    assert serving_peer.standing([0.9, 0.99]) == "behind in every round"
+    assert serving_peer.standing([1.02, 1.07, 0.92, 1.03, 0.99]) == "level: rounds on both sides of 1"
+    assert serving_peer.standing([1.33, 1.05, 1.0]) == "level: rounds on both sides of 1"     # a tie is no lead
+
+
+def test_step_products_runs_every_weight_once_and_the_output_layer():
+    """The products of a decode step: 7 per layer and the tied output layer for the model as loaded."""
+    import kvlib
+
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    outs = serving_peer.step_products(model, 3)()
+    c = model.config
+    assert len(outs) == 7 * c.n_layers + 1 and outs[-1].shape == (1, 3, c.vocab_size)
+    assert all(o.shape[:2] == (1, 3) for o in outs)
 
 
 @pytest.mark.slow

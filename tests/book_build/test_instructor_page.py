@@ -78,8 +78,6 @@ def test_every_row_is_an_exercise_of_the_notebooks():
 @pytest.mark.parametrize("section, path", NOTEBOOKS, ids=lambda x: getattr(x, "name", str(x)))
 def test_every_section_ends_with_two_to_four_exercises(section, path):
     mine = [e for e in EXERCISES if e.section == section]
-    if not mine:
-        pytest.skip(f"{path.name} has no exercises yet")
     assert 2 <= len(mine) <= 4, f"{path.name} has {len(mine)} exercises"
     assert [e.number for e in mine] == list(range(1, len(mine) + 1))
     assert any(e.kind == "code" for e in mine), f"{path.name}: no code exercise with a check"

@@ -163,3 +163,20 @@ def test_embedded_state_stays_small(model):
     box = context_cost_widget(cfg, points=pts)
     assert _state_bytes(box) < 300_000
     assert _state_bytes(total_arithmetic_widget(cfg)) < 300_000
+
+
+def test_the_parallel_timeline_draws_one_row_per_device():
+    import matplotlib
+    matplotlib.use("Agg")
+    from kvlib.cache import MODEL_SHAPES
+    from kvlib.measure.roofline import REFERENCE_ACCELERATORS
+    from kvlib.measure.scale_out import REFERENCE_LINKS, pipeline_parallel_timeline
+    from kvlib.widgets.scale_out import plot_timeline
+
+    segments = pipeline_parallel_timeline(MODEL_SHAPES["Llama-3-70B"], 32, 4, 4,
+                                          REFERENCE_ACCELERATORS["NVIDIA H100 SXM"],
+                                          REFERENCE_LINKS["InfiniBand NDR 400 Gb/s"])
+    ax = plot_timeline(segments, title="pipeline")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]
+    assert len(ax.patches) == len(segments) and ax.get_xlabel().endswith("(ms)")
+    assert sorted(t.get_text() for t in ax.texts)[:2] == ["batch 0", "batch 0"]
