@@ -80,3 +80,16 @@ def test_a_typed_figure_is_caught(tmp_path, markdown, typed):
     page = _page(tmp_path, "07_x.ipynb", "2026-12-07T18:00:00Z", "2026-12-07T18:01:00Z",
                  [MACHINE + "a step: 12.4 ms (2.5× faster)\n"], markdown)
     assert [f.figure for f in typed_figures(page)] == typed
+
+
+MAX_WORDS = 300          # AUTHORING.md: a longer explanation is two cells with an output or a figure between
+
+
+def test_no_markdown_cell_runs_past_300_words():
+    long = []
+    for page in PAGES:
+        for index, cell in enumerate(json.loads(page.read_text(encoding="utf-8"))["cells"]):
+            words = len("".join(cell["source"]).split())
+            if cell["cell_type"] == "markdown" and words > MAX_WORDS:
+                long.append(f"{page.name}, cell {index}: {words} words")
+    assert not long, f"markdown cells over {MAX_WORDS} words (split them):\n" + "\n".join(long)
