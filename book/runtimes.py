@@ -111,9 +111,8 @@ def run_problems(paths: list[Path]) -> list[str]:
         if first is not None and (named is None or named > first):
             problems.append(f"{path.name}: cell {first} prints a measured figure before the page names its "
                             "machine (print kvlib.describe_machine() in the first measuring cell)")
-        if (name := machine(path)) is not None:            # the CPU, torch and the date; a page may
-            name = re.sub(r", \d+ threads?,", ",", name)   # time one thread on purpose (section 4)
-            machines.setdefault(name, []).append(path.name)
+        if (name := machine(path)) is not None:
+            machines.setdefault(_without_threads(name), []).append(path.name)
     if len(machines) > 1:
         problems.append(f"the pages name {len(machines)} machines: {machines}")
     if spans and machines:
@@ -121,6 +120,12 @@ def run_problems(paths: list[Path]) -> list[str]:
         problems += [f"{names[0]} names {name.rsplit(', ', 1)[-1]}, the run started on {day}"
                      for name, names in machines.items() if not name.endswith(day)]
     return problems
+
+
+def _without_threads(name: str) -> str:
+    """A machine line less its thread count: the CPU, torch and the date. A page may time one
+    thread on purpose (section 4), on the same machine as the others."""
+    return re.sub(r", \d+ threads?,", ",", name)
 
 
 def _first_measurement(path: Path) -> tuple[int | None, int | None]:
@@ -147,14 +152,15 @@ def run_summary(paths: list[Path]) -> str:
 
 def runtimes(chapters: Path) -> dict[str, str]:
     """``{"runtime_05": "2 min 31 s", ...}`` for every ``NN_*.ipynb`` in ``chapters``, ``compile_NN``
-    for those that compile, and ``notebooks_machine``: the machine the stored runs name (each
-    machine once, in the order of the sections, where they name several)."""
+    for those that compile, ``notebooks_machine``: the machine the stored runs name (each machine
+    once, in the order of the sections, where they name several; a thread count of its own does not
+    make another machine), and ``notebooks_run``: when the run was (:func:`run_summary`)."""
     found, machines = {}, []
     for path in sorted(chapters.glob("[0-9][0-9]_*.ipynb")):
         found[f"runtime_{path.name[:2]}"] = fmt_runtime(notebook_seconds(path))
         if compiles(path):
             found[f"compile_{path.name[:2]}"] = fmt_runtime(compile_seconds(path))
-        if (name := machine(path)) and name not in machines:
+        if (name := machine(path)) and _without_threads(name) not in map(_without_threads, machines):
             machines.append(name)
     found["notebooks_machine"] = "; ".join(machines) or "an unnamed machine"
     found["notebooks_run"] = run_summary(sorted(chapters.glob("[0-9][0-9]_*.ipynb")))

@@ -165,7 +165,7 @@ def check_rope_rotate(fn: Callable) -> None:
     run_check("Exercise 3.2", fn, cases, hint=hint)
 
 
-# --- Exercise 3.2 (since issue 17): the offset that reached only the queries ------------------
+# --- Exercise 3.2 (since issue 17): find the bug, right prefill, wrong decode ------------------
 
 def _rope_rotate_qk(q, k, offset, theta=10_000.0, *, q_start=None, k_start=None):
     """Reference for Exercise 3.2: ``q`` and ``k`` ``(batch, heads, seq, head_dim)`` hold the new tokens at

@@ -1,10 +1,11 @@
 """Checks for the exercises of *The levers together* (section 11).
 
 - 11.1, users that fit: how many users of Llama-3-8B fit beside its weights on a 48 GB GPU at a
-  long context, in whole users, graded exactly, with the usual slips named; kvlib's formulas refused;
+  long context, in whole users, graded exactly, with the usual slips named; kvlib's formulas
+  (the cache and weight sizes of :mod:`kvlib.cache.sizes`, the levers) refused;
 - 11.2, which lever first: a letter for the lever that raises the tokens per second the most for
-  four users at a long context, graded against what :func:`kvlib.measure.levers.levers` computes,
-  then a letter for why;
+  24 users of Llama-2-7B (no grouped-query attention) at 4,096 tokens, a scenario the page does not
+  print, graded against what :func:`kvlib.measure.levers.levers` computes, then a letter for why;
 - 11.3, speculation past the knee: the speed-up of speculative decoding when the batch's step is
   compute-bound, graded within 2 %; kvlib's own formula refused.
 """
@@ -16,15 +17,18 @@ from typing import Any, Callable
 from .framework import check_choice, check_prediction, refuse_library_answer, student_answer
 
 __all__ = ["check_users_that_fit", "check_first_lever", "check_first_lever_explanation", "check_compute_bound_speedup",
-           "FIT_CASE", "LEVER_LETTERS", "FIRST_LEVER_CHOICES", "COMPUTE_BOUND_CASE"]
+           "first_lever", "FIT_CASE", "LEVER_LETTERS", "FIRST_LEVER_CASE", "FIRST_LEVER_CHOICES", "COMPUTE_BOUND_CASE"]
 
 
 def _library() -> dict[str, Callable]:
-    """kvlib's formulas that compute these answers: the checks refuse them."""
+    """kvlib's formulas that compute these answers: the checks refuse them (every size of
+    :mod:`kvlib.cache.sizes`: a user's cache and the weights are the two halves of 11.1)."""
     from ..cache import sizes
     from ..measure import levers, speculation
 
-    return {"levers": levers.levers, "kv_bytes_per_token": sizes.kv_bytes_per_token,
+    return {"levers": levers.levers, "best_lever": levers.best_lever, "first_lever": first_lever,
+            "kv_bytes_per_token": sizes.kv_bytes_per_token, "kv_cache_bytes": sizes.kv_cache_bytes,
+            "weight_bytes": sizes.weight_bytes, "crossover_tokens": sizes.crossover_tokens,
             "tokens_per_step": speculation.tokens_per_step, "predicted_speedup": speculation.predicted_speedup}
 
 
@@ -80,45 +84,67 @@ def check_users_that_fit(fn: Any) -> None:
 # ---------------------------------------------------------------------------------------
 
 LEVER_LETTERS = ("b", "c", "d", "e")      # the levers the exercise asks about: (b) to (e)
+FIRST_LEVER_CASE = {"model": "Llama-2-7B", "users": 24, "context": 4096}   # none of the page's printed scenarios
 
 
-def first_lever(users: int = 4, context: int = 32768) -> str:
+def first_lever(model: str = "Llama-2-7B", users: int = 24, context: int = 4096) -> str:
     """The letter of the lever of (b) to (e) that raises the tokens per second the most, for
-    Llama-3-8B on the H100 with a shared prefix of 1,024 tokens (:func:`kvlib.measure.levers.levers`)."""
-    from ..measure.levers import Scenario, levers
+    ``model`` on the H100 with a shared prefix of 1,024 tokens (:func:`kvlib.measure.levers.best_lever`)."""
+    from ..measure.levers import Scenario, best_lever, levers
 
-    rows = levers(Scenario("Llama-3-8B", "NVIDIA H100 SXM", users=users, context=context, shared_prefix=1024))
-    gains = {b.lever.key: b.tokens_per_second / a.tokens_per_second for a, b in zip(rows[:4], rows[1:5])}
-    return max(gains, key=gains.get)
+    return best_lever(levers(Scenario(model, "NVIDIA H100 SXM", users=users, context=context,
+                                      shared_prefix=1024)))[1].key
 
 
-def check_first_lever(fn: Any, users: int = 4, context: int = 32768) -> None:
-    """Exercise 11.2: ``fn()`` returns the letter of the lever that pays most for ``users`` at ``context`` tokens."""
+def _first_lever_slips(model: str, users: int, context: int) -> dict[str, str]:
+    """What a wrong letter for :data:`FIRST_LEVER_CASE` most likely overlooked."""
+    from ..cache.model_shapes import MODEL_SHAPES
+
+    cfg = MODEL_SHAPES[model].config
+    return {
+        "b": f"{model} keeps a key/value head for every query head ({cfg.n_kv_heads} of {cfg.n_heads}): "
+             f"grouped-query attention is already as it is, and (b) changes nothing.",
+        "d": f"the weights are read once a step; {users} users' 16-bit caches at {context:,} tokens are "
+             f"read once per row: which part of a step's bytes is the larger, and which lever shrinks it?",
+        "e": f"in this model prefix reuse saves memory, not reading (every row reads its whole cache), and "
+             f"the {users} users already fit: it changes neither the batch nor the step.",
+        "c": "compare the bytes a step reads at each row: the weights once, each user's cache once per row.",
+    }
+
+
+def check_first_lever(fn: Any, model: str = FIRST_LEVER_CASE["model"], users: int = FIRST_LEVER_CASE["users"],
+                      context: int = FIRST_LEVER_CASE["context"]) -> None:
+    """Exercise 11.2: ``fn()`` returns the letter of the lever that pays most for ``users`` of
+    ``model`` at ``context`` tokens."""
+    from .framework import CheckFailed
+
     exercise = "Exercise 11.2"
+    _refuse(exercise, fn)
     answer = student_answer(exercise, fn, "the letter of your prediction")
-    expected = first_lever(users, context)
+    expected = first_lever(model, users, context)
     letters = ", ".join(map(repr, LEVER_LETTERS))
     if not isinstance(answer, str) or answer.strip().lower() not in LEVER_LETTERS:
-        from .framework import CheckFailed
         raise CheckFailed(f"{exercise}: answer with one of {letters}, got {answer!r}.")
-    if answer.strip().lower() != expected:
-        from .framework import CheckFailed
-        raise CheckFailed(f"{exercise}: you predicted ({answer.strip().lower()}); the formulas give ({expected}). With "
-                          f"{users} users at {context:,} tokens, what does a step read most: the weights or the caches?")
-    print(f"✓ {exercise}: ({expected}) is the lever that pays most for {users} users at {context:,} tokens.")
+    letter = answer.strip().lower()
+    if letter != expected:
+        raise CheckFailed(f"{exercise}: you predicted ({letter}); the formulas give ({expected}): "
+                          f"{_first_lever_slips(model, users, context)[letter]}")
+    print(f"✓ {exercise}: ({expected}) is the lever that pays most for {users} users of {model} "
+          f"at {context:,} tokens.")
 
 
 FIRST_LEVER_CHOICES = {
-    "a": (True, "without grouped-query attention each user's 16-bit cache at 32,768 tokens is about 17 GB, more than "
-                "the 16 GB of weights, and only three users fit: the caches are most of what a step reads. Grouped-query "
-                "attention divides every cache by four (32 query heads over 8 key/value heads), so all four users fit "
-                "and the step reads a quarter of the cache; 4-bit weights would shrink the smaller part."),
-    "b": (False, "four rows are far below the H100's knee: the step is memory-bound, and grouped-query attention does "
-                 "not change the arithmetic of the projections anyway."),
-    "c": (False, "in this model prefix reuse saves memory, not reading (every row reads its whole cache), and 1,024 "
-                 "shared tokens are a small part of 32,768."),
-    "d": (False, "the weights are 16 GB read once a step whatever the batch, while four users' caches are several "
-                 "times that at this context: shrinking the weights saves the smaller part."),
+    "a": (True, "24 users' 16-bit caches at 4,096 tokens (2 × 32 × 32 × 128 × 2 bytes a token, 2.1 GB a user) "
+                "are far more than the 13.5 GB of weights, and each row reads its own every step: an 8-bit "
+                "cache about halves the larger part. 4-bit weights, applied after it, cut the weights to "
+                "5/16, but the weights are the smaller part."),
+    "b": (False, "Llama-2-7B has no grouped-query attention to add: its 32 query heads each keep their own "
+                 "keys and values, so row (b) is row (a), and the 8-bit cache shrinks the full cache."),
+    "c": (False, "5/16 is the largest cut a lever makes to its part, but what counts is the bytes it saves: "
+                 "the weights are read once a step, the caches once per row, and here the caches are the "
+                 "larger part."),
+    "d": (False, "all 24 users fit from row (a) on (30 of them would), so a larger room changes no batch; "
+                 "and in this model every row still reads the shared prompt's cache."),
 }
 
 

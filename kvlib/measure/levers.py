@@ -15,8 +15,16 @@ one row each:
     (f) + speculative decoding: ``k`` drafts, each accepted with ``α``;   section 10
 
 Each row holds the bytes (weights, each user's own cache), the users that fit in the machine's
-memory, the batch actually run (the users, or as many as fit), and what the roofline of a
-decode step (:mod:`kvlib.measure.roofline`, sections 4 and 7) predicts for that batch. These
+memory, the batch actually run (the users, or as many as fit), what one decode step of that batch
+reads and computes, and what the roofline of a decode step (:mod:`kvlib.measure.roofline`,
+sections 4 and 7) predicts for it. A verify step computes the model's logits at every one of its
+``k + 1`` positions (the model's own token after the last accepted draft needs them), so its
+arithmetic is ``k + 1`` tokens' in full, the output layer included.
+
+Rows (a) to (c) hold 16-bit numbers (``dense_bits=16``: bfloat16, what a GPU or a CPU with bfloat16
+arithmetic multiplies), or float32 with ``dense_bits=32``: what kvlib computes in on a CPU without
+bfloat16 arithmetic (:func:`kvlib.device.bfloat16_is_fast`), where a bfloat16 weight is converted
+before every product and a 16-bit row would price a path the machine does not run. These
 are predictions, upper bounds: weights and cache only (no activations, no fragmentation), and
 the machine at its published or measured peak. Real steps are slower.
 """
@@ -36,8 +44,8 @@ from .roofline import REFERENCE_ACCELERATORS, Accelerator, decode_knee, decode_s
 from .speculation import tokens_per_step
 from .timing import fmt_seconds
 
-__all__ = ["Lever", "LEVERS", "ROOFLINE_SECTIONS", "WEIGHT_FORMAT", "WEIGHT_BITS", "cache_bits", "Scenario", "LeverRow", "levers",
-           "scenario_notes", "measured_machine", "format_levers", "fmt_gb"]
+__all__ = ["Lever", "LEVERS", "ROOFLINE_SECTIONS", "WEIGHT_FORMAT", "WEIGHT_BITS", "FLOAT32_BASE", "cache_bits", "Scenario", "LeverRow", "levers",
+           "best_lever", "scenario_notes", "measured_machine", "format_levers", "fmt_gb"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("e", "+ prefix reuse", 9, "09_reusing_the_cache"),
     Lever("f", "+ speculative decoding", 10, "10_speculative_decoding"),
 )
+FLOAT32_BASE = Lever("a", "float32 weights and cache, no GQA", 7, "07_batching")   # row (a) with dense_bits=32
 ROOFLINE_SECTIONS = ((4, "04_quadratic_versus_linear"), (7, "07_batching"))   # the step time and its bound (every row)
 
 WEIGHT_FORMAT = "4-bit integers in groups of 32, each group with a 16-bit scale and a 16-bit zero (the model file's Q4_1)"
@@ -83,7 +92,9 @@ class Scenario:
     model's kind of figure; prompt lookup accepts in all-or-nothing runs, section 10).
     ``shared_read_once``: from prefix reuse on, a step reads the shared prefix's cache once for the
     whole batch, as cascade attention (vLLM) and FlashInfer's shared-prefix kernels do, instead of
-    once per row (the default, what kvlib's engine and a plain paged kernel do). Bad values raise a
+    once per row (the default, what kvlib's engine and a plain paged kernel do). ``dense_bits``: the
+    bits of a weight and of a cached number before the levers that shrink them: 16 (bfloat16, the
+    default) or 32 (float32, for a CPU without bfloat16 arithmetic). Bad values raise a
     ``ValueError`` saying what to change.
     """
 
@@ -95,6 +106,7 @@ class Scenario:
     alpha: float = 0.7
     drafts: int = 4
     shared_read_once: bool = False
+    dense_bits: int = 16
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_SHAPES:
@@ -114,6 +126,8 @@ class Scenario:
         if not (isinstance(self.alpha, (int, float)) and 0 <= self.alpha <= 1):
             raise ValueError(f"alpha is the chance that a draft is accepted: a number from 0 to 1, got {self.alpha!r}")
         positive_int("drafts", self.drafts)
+        if self.dense_bits not in (16, 32):
+            raise ValueError(f"dense_bits is 16 (bfloat16) or 32 (float32), got {self.dense_bits!r}")
 
     @property
     def shape(self) -> ModelShape:
@@ -137,6 +151,25 @@ class LeverRow:
     tokens_per_step: float            # tokens each row writes per step (1, or the expected run with drafts)
     step_seconds: float | None
     knee: float                       # rows at which the step leaves the memory side (math.inf: never)
+    flops_per_row: float = 0.0        # one row's arithmetic in a step (k + 1 tokens with drafts)
+    read_weight_bytes: float = 0.0    # what a step reads once whatever the batch: the weights (and a shared prefix read once)
+    read_cache_bytes_per_row: float = 0.0   # the cache each row of a step reads
+
+    @property
+    def step_bytes(self) -> float:
+        """Bytes one decode step of ``batch`` rows reads: the weights once, each row's cache."""
+        return self.read_weight_bytes + self.batch * self.read_cache_bytes_per_row
+
+    @property
+    def step_flops(self) -> float:
+        """FLOPs of one decode step of ``batch`` rows."""
+        return self.batch * self.flops_per_row
+
+    @property
+    def intensity(self) -> float:
+        """The step's FLOPs per byte read: above the machine's ridge point (FLOP/s over bytes/s) the
+        step is compute-bound, below it memory-bound (0 when no user fits)."""
+        return self.step_flops / self.step_bytes if self.batch else 0.0
 
     @property
     def bound(self) -> str | None:
@@ -157,9 +190,9 @@ def _row(s: Scenario, index: int) -> LeverRow:
     """Lever ``index`` of :data:`LEVERS` with every lever before it."""
     shape, machine = s.shape, s.machine
     cfg = shape.config if index >= 1 else dataclasses.replace(shape.config, n_kv_heads=shape.n_heads)
-    bits = cache_bits(shape) if index >= 2 else 16.0
+    bits = cache_bits(shape) if index >= 2 else float(s.dense_bits)
     per_token = kv_bytes_per_token(cfg, 1) * bits / 8                   # numbers per token × bytes per number
-    w_bits = WEIGHT_BITS if index >= 3 else 16.0
+    w_bits = WEIGHT_BITS if index >= 3 else float(s.dense_bits)
     weights = shape.n_params * w_bits / 8
     shared = s.shared_prefix if index >= 4 else 0
     drafts = s.drafts if index >= 5 else 0
@@ -168,14 +201,19 @@ def _row(s: Scenario, index: int) -> LeverRow:
     fit = max(0, math.floor(room / own))
     batch = min(s.users, fit)
     once = shared if s.shared_read_once else 0                          # read once a step, not once a row
-    step = dict(weight_bytes=weights + once * per_token,
-                flops_per_token=float(step_flops(shape.config, s.context + drafts, drafts + 1).total),
+    # a verify step needs the logits after every draft (the model's own token follows the last
+    # accepted one), so its output layer runs at all k + 1 positions, not at the last alone
+    flops = float(step_flops(shape.config, s.context + drafts, drafts + 1, last_only=not drafts).total)
+    step = dict(weight_bytes=weights + once * per_token, flops_per_token=flops,
                 cache_bytes_per_row=(s.context - once + drafts) * per_token,   # every row reads its (whole) cache
                 flops_per_s=machine.flops_per_s, bytes_per_s=machine.bytes_per_s)
-    return LeverRow(lever=LEVERS[index], weight_bits=w_bits, cache_bits=bits, kv_heads=cfg.n_kv_heads,
+    lever = FLOAT32_BASE if index == 0 and s.dense_bits == 32 else LEVERS[index]
+    return LeverRow(lever=lever, weight_bits=w_bits, cache_bits=bits, kv_heads=cfg.n_kv_heads,
                     weight_bytes=weights, shared_bytes=shared * per_token, cache_bytes_per_user=own, fit=fit,
                     batch=batch, tokens_per_step=tokens_per_step(s.alpha, drafts) if drafts else 1.0,
-                    step_seconds=decode_step_seconds(batch, **step) if batch else None, knee=decode_knee(**step))
+                    step_seconds=decode_step_seconds(batch, **step) if batch else None, knee=decode_knee(**step),
+                    flops_per_row=flops, read_weight_bytes=step["weight_bytes"],
+                    read_cache_bytes_per_row=step["cache_bytes_per_row"])
 
 
 def levers(scenario: Scenario) -> list[LeverRow]:
@@ -187,11 +225,23 @@ def levers(scenario: Scenario) -> list[LeverRow]:
     of :func:`kvlib.measure.roofline.decode_step_seconds` for ``batch`` rows, each reading its
     whole cache (prefix reuse saves memory, not reading, unless ``shared_read_once``) and, with
     speculative decoding, verifying
-    ``drafts + 1`` tokens; tokens per step with drafts: :func:`kvlib.measure.speculation.tokens_per_step`.
+    ``drafts + 1`` tokens (the logits of every one); tokens per step with drafts: :func:`kvlib.measure.speculation.tokens_per_step`.
     """
     if not isinstance(scenario, Scenario):
         raise TypeError(f"levers() takes a Scenario, got {type(scenario).__name__}")
     return [_row(scenario, i) for i in range(len(LEVERS))]
+
+
+def best_lever(rows: list[LeverRow]) -> tuple[float, Lever]:
+    """The lever of (b) to (e) that raised the tokens per second of ``rows`` (:func:`levers`) the
+    most, added to those above it, and by what factor (``math.inf`` where the row above it ran no
+    user and it runs some)."""
+    def gain(a: LeverRow, b: LeverRow) -> float:
+        if a.tokens_per_second:
+            return b.tokens_per_second / a.tokens_per_second
+        return math.inf if b.tokens_per_second else 1.0
+
+    return max(((gain(a, b), b.lever) for a, b in zip(rows[:4], rows[1:5])), key=lambda g: g[0])
 
 
 def scenario_notes(scenario: Scenario) -> list[str]:

@@ -5,6 +5,8 @@ Every combination is computed in advance by :func:`kvlib.measure.levers.levers` 
 an HTML table, one row per lever with a link to the section that derived it. The tables sit
 in nested ``Stack`` widgets (contexts outermost, then users, machines, models), each
 ``jslink``-ed to its control, so that the widget works in the published book with no kernel.
+:func:`plot_levers` draws one scenario's rows as a picture: what a decode step reads, lever by
+lever, and the tokens per second it gives.
 """
 from __future__ import annotations
 
@@ -12,13 +14,13 @@ import html
 from typing import Sequence
 
 from ..cache.model_shapes import MODEL_SHAPES
-from ..measure.levers import ROOFLINE_SECTIONS, Scenario, fmt_gb, levers, scenario_notes
+from ..measure.levers import ROOFLINE_SECTIONS, LeverRow, Scenario, fmt_gb, levers, scenario_notes
 from ..measure.roofline import REFERENCE_ACCELERATORS
 from .html import html_style, link_index, widget_box
 from .html import stack as html_stack
 
 __all__ = ["LEVER_USERS", "LEVER_CONTEXTS", "SHARED_PREFIX", "ALPHAS", "DRAFTS", "PREFIXES", "render_levers_view",
-           "levers_widget", "assumptions_widget"]
+           "levers_widget", "assumptions_widget", "plot_levers", "WEIGHTS_COLOUR", "CACHES_COLOUR"]
 
 LEVER_USERS = (1, 8, 32, 128)
 LEVER_CONTEXTS = (2048, 8192, 32768)
@@ -26,6 +28,8 @@ SHARED_PREFIX = 1024                     # a system prompt of 1,024 tokens, the 
 ALPHAS = (0.3, 0.5, 0.7, 0.9)            # the assumptions widget's acceptances, drafts and shared prefixes
 DRAFTS = (2, 4, 8)
 PREFIXES = (0, 1024, 4096)
+
+WEIGHTS_COLOUR, CACHES_COLOUR = "#4c72b0", "#dd8452"      # the two parts of a step's read, in the figure
 
 _CELL = ('<th>lever (section)</th><th>weights</th><th>cache per user</th><th>users that fit</th><th>batch</th>'
          '<th>step</th><th>tok/s per user</th><th>tok/s in all</th><th>bound</th>')
@@ -174,3 +178,43 @@ def assumptions_widget(model: str = "Llama-3-8B", machine: str = "NVIDIA H100 SX
                      f"shared prefixes = {len(views)} views)", links)
     box.stack, box.views, box.alpha, box.drafts, box.prefix = top, views, alpha, k, prefix
     return box
+
+
+def plot_levers(rows: Sequence[LeverRow], ax=None, *, title: str | None = None):
+    """The rows of :func:`kvlib.measure.levers.levers` as a picture: one horizontal bar per lever,
+    (a) at the top, as long as the bytes one decode step of that row's batch reads, split into what
+    it reads once (the weights, and a shared prefix read once) and what it reads once per row (the
+    batch's caches); beside each bar, the tokens per second in all, the batch, and the bound where
+    the step is compute-bound (then its time is its arithmetic, not its read). A row where no
+    user fits has no bar. Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.4), layout="constrained")
+    ys = list(range(len(rows)))
+    once = [r.read_weight_bytes / 1e9 if r.batch else 0.0 for r in rows]
+    caches = [r.batch * r.read_cache_bytes_per_row / 1e9 for r in rows]
+    ax.barh(ys, once, color=WEIGHTS_COLOUR, height=0.6)
+    ax.barh(ys, caches, left=once, color=CACHES_COLOUR, height=0.6)
+    end = max(a + b for a, b in zip(once, caches)) or 1.0
+    for y, r, a, b in zip(ys, rows, once, caches):
+        if not r.batch:
+            text = "no user fits"
+        else:
+            text = f"{r.tokens_per_second:,.0f} tok/s, batch {r.batch}"
+            if r.bound == "compute":
+                text += " (compute-bound)"
+        ax.text(a + b + 0.01 * end, y, text, va="center", fontsize=8)
+    ax.set_yticks(ys, [f"({r.lever.key}) {r.lever.name}" for r in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, end * 1.45)
+    ax.set_xlabel("GB one decode step reads (the roofline's step time is this over the bandwidth, "
+                  "while memory-bound)", fontsize=8)
+    ax.legend(handles=[Patch(color=WEIGHTS_COLOUR, label="read once a step: the weights"),
+                       Patch(color=CACHES_COLOUR, label="read once per row: the batch's caches")],
+              fontsize=8, loc="lower right")
+    ax.set_title(title or "What one decode step reads, lever by lever, and the tokens per second it gives",
+                 fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    return ax

@@ -47,7 +47,11 @@ def test_every_runtime_the_landing_page_names_is_computed():
     wanted = set(re.findall(r"\{\{\s*(runtime_\d\d)\s*\}\}", (ROOT / "chapters" / "index.md").read_text()))
     sections = {f"runtime_{p.name[:2]}" for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")}
     assert wanted == sections == {k for k in found if k.startswith("runtime_")}
-    assert all(re.fullmatch(r"\d+ s|\d+ min \d+ s", v) for k, v in found.items() if k != "notebooks_machine")
+    assert all(re.fullmatch(r"\d+ s|\d+ min \d+ s", v) for k, v in found.items()
+               if k not in ("notebooks_machine", "notebooks_run"))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d, \d\d:\d\d to \d\d:\d\d UTC \((\d+ s|\d+ min \d+ s) of execution\)",
+                        found["notebooks_run"])
+    assert "{{ notebooks_run }}" in (ROOT / "chapters" / "index.md").read_text()
     compiled = set(re.findall(r"\{\{\s*(compile_\d\d)\s*\}\}", (ROOT / "chapters" / "index.md").read_text()))
     assert compiled <= {k for k in found if k.startswith("compile_")}
     assert "{{ notebooks_machine }}" in (ROOT / "chapters" / "index.md").read_text()

@@ -365,7 +365,7 @@ def test_which_outputs_change_the_experiment_agrees():
     assert [i for i, m in enumerate(moved.tolist()) if m > 1e-5] == [5, 6, 7]
 
 
-# --- Exercise 3.2 (since issue 17): the offset that reached only the queries -------------------
+# --- Exercise 3.2 (since issue 17): find the bug, right prefill, wrong decode -------------------
 
 def rope_rotate_qk(q, k, offset, theta=10_000.0):
     return kvc._rope_rotate(q, offset, theta), kvc._rope_rotate(k, offset, theta)

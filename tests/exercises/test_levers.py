@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from kvlib.exercises import CheckFailed
-from kvlib.exercises.levers import (FIRST_LEVER_CHOICES, check_compute_bound_speedup, check_first_lever,
-                                    check_first_lever_explanation, check_users_that_fit, first_lever)
+import kvlib
+from kvlib.cache.model_shapes import MODEL_SHAPES
+from kvlib.cache.sizes import weight_bytes
+from kvlib.exercises.levers import (FIRST_LEVER_CASE, FIRST_LEVER_CHOICES, check_compute_bound_speedup,
+                                    check_first_lever, check_first_lever_explanation, check_users_that_fit,
+                                    first_lever)
+from kvlib.measure.levers import Scenario, best_lever, levers
 from kvlib.measure.speculation import tokens_per_step
+from kvlib.widgets.levers import LEVER_CONTEXTS, LEVER_USERS
 
 
 def _stub():
@@ -17,15 +23,38 @@ def _stub():
 
 def test_the_references_pass(capsys):
     check_users_that_fit(lambda: int((48e9 - 2 * 8.03e9) // (2 * 32 * 8 * 128 * 2 * 16384)))
-    check_first_lever(lambda: "b")
+    check_first_lever(lambda: "c")
     check_first_lever_explanation(lambda: "a")
     check_compute_bound_speedup(lambda: sum(0.7 ** i for i in range(5)) / 5)
     assert capsys.readouterr().out.count("✓") == 4
 
 
 def test_the_first_lever_is_computed_not_typed():
-    """The graded letter comes from the formulas: the scenario of the page's three examples gives others."""
-    assert first_lever(4, 32768) == "b" and first_lever(1, 8192) == "d"
+    """The graded letter comes from the formulas: the scenarios the page prints (Llama-3-8B) give others."""
+    assert first_lever() == "c"
+    assert first_lever("Llama-3-8B", 4, 32768) == "b" and first_lever("Llama-3-8B", 1, 8192) == "d"
+
+
+def test_the_page_does_not_print_the_exercises_scenario():
+    """11.2 asks about a scenario that neither the page's cells nor its widget hold (a model without
+    grouped-query attention, at users and a context off the widget's grid)."""
+    case = FIRST_LEVER_CASE
+    assert case["users"] not in LEVER_USERS and case["context"] not in LEVER_CONTEXTS
+    assert MODEL_SHAPES[case["model"]].config.n_kv_heads == MODEL_SHAPES[case["model"]].config.n_heads
+
+
+def test_the_library_answers_are_refused():
+    """kvlib's sizes compute 11.1 (the review found kv_cache_bytes and weight_bytes passing), its
+    levers 11.2."""
+    cfg = MODEL_SHAPES["Llama-3-8B"].config
+    with pytest.raises(CheckFailed, match="kvlib's `kv_cache_bytes`"):
+        check_users_that_fit(lambda: int((48e9 - 2 * 8.03e9) // kvlib.kv_cache_bytes(cfg, 16384, dtype=2)))
+    with pytest.raises(CheckFailed, match="kvlib's `weight_bytes`"):
+        check_users_that_fit(lambda: int((48e9 - weight_bytes(8_030_000_000, 2)) // (2 * 32 * 8 * 128 * 2 * 16384)))
+    with pytest.raises(CheckFailed, match="kvlib's `first_lever`"):
+        check_first_lever(lambda: first_lever())
+    with pytest.raises(CheckFailed, match="kvlib's `(best_lever|levers)`"):
+        check_first_lever(lambda: best_lever(levers(Scenario("Llama-2-7B", "NVIDIA H100 SXM", 24, 4096, 1024)))[1].key)
 
 
 @pytest.mark.parametrize("value, named", [(22, "weights take memory too"), (29, "keys and the values are two"),
@@ -35,11 +64,11 @@ def test_users_that_fit_names_the_slip(value, named):
         check_users_that_fit(lambda: value)
 
 
-def test_a_wrong_lever_is_told_what_to_compare():
-    with pytest.raises(CheckFailed, match="the weights or the caches"):
-        check_first_lever(lambda: "d")
-    with pytest.raises(CheckFailed, match="one of 'b', 'c', 'd', 'e'"):
-        check_first_lever(lambda: "a")
+@pytest.mark.parametrize("letter, named", [("b", "changes nothing"), ("d", "which part of a step's bytes"),
+                                           ("e", "saves memory, not reading"), ("a", "one of 'b', 'c', 'd', 'e'")])
+def test_a_wrong_lever_is_told_what_it_overlooked(letter, named):
+    with pytest.raises(CheckFailed, match=named):
+        check_first_lever(lambda: letter)
 
 
 @pytest.mark.parametrize("letter", [k for k, (right, _) in FIRST_LEVER_CHOICES.items() if not right])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvlib.cache.model_shapes import MODEL_SHAPES
-from kvlib.measure.levers import (LEVERS, WEIGHT_BITS, Scenario, cache_bits, format_levers, levers,
+from kvlib.measure.levers import (LEVERS, WEIGHT_BITS, Scenario, best_lever, cache_bits, format_levers, levers,
                                   scenario_notes)
 from kvlib.measure.flops import step_flops
 from kvlib.measure.roofline import REFERENCE_ACCELERATORS, Accelerator
@@ -146,3 +146,56 @@ def test_reading_the_shared_prefix_once_shortens_only_the_rows_that_share_it():
     plain = dataclasses.replace(s, shared_prefix=0)
     same = zip(levers(plain), levers(dataclasses.replace(plain, shared_read_once=True)))
     assert all(a.step_seconds == b.step_seconds for a, b in same)
+
+
+def test_a_verify_step_computes_the_logits_of_every_position():
+    """The model's own token after the last accepted draft needs the logits after every draft, so a
+    verify step's output layer runs at all k + 1 positions (formulas.md). On a machine whose steps
+    all cost their arithmetic, row (f) takes the k + 1 tokens' full count, not the last position's
+    output layer alone (what it took before: 4.45 plain steps instead of 5 for Llama-3-8B)."""
+    arithmetic_only = Accelerator("arithmetic only", 1e12, 1e30, 10 ** 12, "made up")
+    s = Scenario("Llama-3-8B", arithmetic_only, users=4, context=8192, drafts=4)
+    e, f = levers(s)[-2:]
+    cfg = s.shape.config
+    assert f.flops_per_row == step_flops(cfg, 8192 + 4, 5, last_only=False).total
+    assert f.step_seconds == pytest.approx(4 * step_flops(cfg, 8196, 5, last_only=False).total / 1e12)
+    assert f.step_seconds / e.step_seconds == pytest.approx(5, rel=1e-3)
+    # past the knee the speed-up is the tokens a step writes over the k + 1 it computes (exercise 11.3)
+    assert f.tokens_per_second / e.tokens_per_second == pytest.approx(tokens_per_step(0.7, 4) / 5, rel=1e-3)
+
+
+def test_the_step_reads_and_computes_what_the_roofline_times():
+    """What a row's step reads (the weights once, each row's whole cache, the drafts included) and
+    computes gives its time and, against the ridge point, its bound."""
+    s = Scenario("SmolLM2-135M", Accelerator("a CPU", 3e11, 3e10, 4 * 10 ** 9, "made up"), 8, 2048, 512)
+    for r in levers(s):
+        drafts = 4 if r.lever.key == "f" else 0
+        per_token = r.cache_bytes_per_user / (2048 - (512 if r.shared_bytes else 0) + drafts)
+        assert r.step_bytes == pytest.approx(r.weight_bytes + 8 * (2048 + drafts) * per_token)
+        assert r.step_seconds == pytest.approx(max(r.step_bytes / 3e10, r.step_flops / 3e11))
+        assert (r.bound == "compute") == (r.intensity > 3e11 / 3e10)       # the ridge point, FLOP per byte
+
+
+def test_float32_rows_for_a_cpu_without_bfloat16_arithmetic():
+    """dense_bits=32 prices rows (a)-(c) in float32 (what kvlib computes in there); the 4-bit weights
+    and the 8-bit cache of the later rows are the same either way."""
+    cpu = Accelerator("a CPU", 3e11, 3e10, 4 * 10 ** 9, "made up")
+    half, full = (levers(Scenario("SmolLM2-135M", cpu, 8, 2048, 512, dense_bits=b)) for b in (16, 32))
+    assert full[0].lever.name == "float32 weights and cache, no GQA" and full[0].lever.key == "a"
+    assert [r.lever for r in full[1:]] == list(LEVERS[1:])
+    for h, f in zip(half[:3], full[:3]):
+        assert f.weight_bytes == 2 * h.weight_bytes
+    assert full[0].cache_bytes_per_user == 2 * half[0].cache_bytes_per_user
+    assert all(h.weight_bytes == f.weight_bytes and h.cache_bytes_per_user == f.cache_bytes_per_user
+               for h, f in zip(half[3:], full[3:]))
+    with pytest.raises(ValueError, match="dense_bits is 16 \\(bfloat16\\) or 32"):
+        Scenario("SmolLM2-135M", cpu, 8, 2048, dense_bits=8)
+
+
+def test_the_best_lever_is_the_largest_gain_of_b_to_e():
+    rows = levers(Scenario("Llama-3-8B", H100, users=32, context=8192, shared_prefix=1024))
+    gain, lever = best_lever(rows)
+    gains = [b.tokens_per_second / a.tokens_per_second for a, b in zip(rows[:4], rows[1:5])]
+    assert gain == max(gains) and lever == rows[1 + gains.index(max(gains))].lever and lever.key == "b"
+    gain, lever = best_lever(levers(Scenario("Llama-2-7B", H100, users=24, context=4096, shared_prefix=1024)))
+    assert lever.key == "c" and gain > 1.5
