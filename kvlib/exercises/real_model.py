@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from ..measure.flops import generation_ratio
+from ..measure.flops import generation_ratio, generation_step_flops
 from .framework import Case, check_choice, check_prediction, diagnose, run_check, student_answer
 
 __all__ = ["check_closest_call", "check_speedup_limit", "check_speedup_explanation", "check_thousand_times",
@@ -165,13 +165,33 @@ def check_speedup_explanation(fn) -> None:
 # Exercise 5.3: how long until a thousand times? (a derivation)
 # ---------------------------------------------------------------------------------------
 
-def tokens_for_ratio(config: Config, prompt_len: int, ratio: float = 1000.0, *, limit: int = 1 << 16) -> int:
+PARTS = ("linear", "attention", "output")         # the parts of a step's arithmetic (kvlib.measure.flops.StepFlops)
+
+
+def _ratio(config: Config, n_new: int, prompt_len: int, parts: tuple[str, ...]) -> float:
+    """Uncached ÷ cached arithmetic of ``n_new`` tokens after ``prompt_len``, counting only ``parts``."""
+    def total(use_cache: bool) -> int:
+        steps = generation_step_flops(config, prompt_len, n_new, use_cache=use_cache)
+        return sum(getattr(step, part) for step in steps for part in parts)
+    return total(False) / total(True)
+
+
+def tokens_for_ratio(config: Config, prompt_len: int, ratio: float = 1000.0, *, limit: int = 1 << 16,
+                     parts: tuple[str, ...] = PARTS) -> int:
     """The fewest new tokens after a ``prompt_len``-token prompt for which the uncached loop does at least
-    ``ratio`` times the arithmetic of the cached one (:func:`kvlib.measure.flops.generation_ratio`,
-    attention included). The ratio grows with the number of new tokens, so doubling, then a
-    bisection, finds it; past ``limit`` new tokens a ``ValueError`` says so."""
+    ``ratio`` times the arithmetic of the cached one (:func:`kvlib.measure.flops.generation_ratio`: the
+    projections and MLP, attention and the output layer). ``parts`` counts only some of them
+    (``("linear", "attention")``: the output layer left out), to show what each part changes. The
+    ratio grows with the number of new tokens, so doubling, then a bisection, finds it; past
+    ``limit`` new tokens a ``ValueError`` says so."""
+    unknown = set(parts) - set(PARTS)
+    if not parts or unknown:
+        raise ValueError(f"parts must be some of {PARTS}, got {parts}")
+
     def reaches(n: int) -> bool:
-        return generation_ratio(config, n, prompt_len=prompt_len) >= ratio
+        if tuple(parts) == PARTS:
+            return generation_ratio(config, n, prompt_len=prompt_len) >= ratio
+        return _ratio(config, n, prompt_len, tuple(parts)) >= ratio
 
     hi = 1
     while not reaches(hi):
@@ -191,8 +211,8 @@ def tokens_for_ratio(config: Config, prompt_len: int, ratio: float = 1000.0, *, 
 def check_thousand_times(fn, prompt_len: int) -> None:
     """Exercise 5.3: ``fn()`` returns the number of new tokens after a ``prompt_len``-token prompt at which
     the uncached loop has done 1,000 times the arithmetic of the cached one (SmolLM2-135M's shapes).
-    Passes within 8 % of the exact count (attention included), which the token count leaving out
-    attention reaches."""
+    Passes within 8 % of the exact count (attention and the output layer included), which the
+    token count leaving both out reaches."""
     exercise = "Exercise 5.3"
     predicted = student_answer(exercise, fn, "your number of new tokens")
     exact = tokens_for_ratio(SMOLLM2, prompt_len)

@@ -328,27 +328,70 @@ STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten:
 
 
 def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_steps: int = 5,
-                 ) -> dict[int, dict[str, float]]:
-    """Where a decode step's time goes, for each batch size: PyTorch's profiler over ``n_steps``
-    one-token steps (after one warm-up) of ``b`` rows holding ``prompt``, the operators' own time
-    per step summed into :data:`STEP_PARTS` and ``"other operators"`` (norms, rotary embedding,
-    cache writes, activations). The profile counts operators' time only: the Python between them,
-    and the profiler's own cost, are not in it."""
+                 warmup: int = 2) -> dict[int, dict[str, float]]:
+    """Where a decode step's time goes, for each batch size: PyTorch's profiler over one-token
+    steps of ``b`` rows holding ``prompt``, the operators' own time summed into :data:`STEP_PARTS`
+    and ``"other operators"`` (norms, rotary embedding, cache writes, activations).
+
+    Each batch first runs ``warmup`` steps unprofiled; then each of ``n_steps`` steps is profiled
+    on its own, and the batch's parts are those of the step whose total is the median, so that
+    one step slowed by the rest of the machine does not move the figures. A throwaway profiled
+    step comes before all of them: the profiler's first session carries one-off costs. The
+    profile counts operators' time only: the Python between them, and the profiler's own cost,
+    are not in it, so a total lies a little under the same step timed without the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
+    if n_steps < 1 or warmup < 0:
+        raise ValueError(f"n_steps must be at least 1 and warmup at least 0, got {n_steps} and {warmup}")
     one, first = _prefilled(model, prompt)
-    out = {}
-    for b in batch_sizes:
-        cache, ids = one.tiled(b, n_steps + 1), first.repeat(b, 1)
-        with torch.no_grad():
-            ids = model(ids, cache, last_only=True).argmax(-1)                                   # warm-up
-            with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-                for _ in range(n_steps):
-                    ids = model(ids, cache, last_only=True).argmax(-1)
+
+    def profiled(step):
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step()
         events = prof.key_averages()
-        parts = {name: sum(e.self_cpu_time_total for e in events if e.key in keys) / 1e6 / n_steps
+        parts = {name: sum(e.self_cpu_time_total for e in events if e.key in keys) / 1e6
                  for name, keys in STEP_PARTS.items()}
-        total = sum(e.self_cpu_time_total for e in events) / 1e6 / n_steps
-        parts["other operators"] = total - sum(parts.values())
-        out[b] = parts
+        parts["other operators"] = sum(e.self_cpu_time_total for e in events) / 1e6 - sum(parts.values())
+        return out, parts
+
+    out = {}
+    with torch.no_grad():
+        cache, ids = one.tiled(1, 1), first
+        profiled(lambda: model(ids, cache, last_only=True))                             # the throwaway session
+        for b in batch_sizes:
+            cache, ids = one.tiled(b, warmup + n_steps), first.repeat(b, 1)
+            for _ in range(warmup):
+                ids = model(ids, cache, last_only=True).argmax(-1)
+            steps = []
+            for _ in range(n_steps):
+                logits, parts = profiled(lambda: model(ids, cache, last_only=True))
+                ids = logits.argmax(-1)
+                steps.append(parts)
+            steps.sort(key=lambda parts: sum(parts.values()))
+            out[b] = steps[(len(steps) - 1) // 2]                  # the median step (the lower one of two)
+            del cache
     return out
+
+
+def grew_most(before: dict[str, float], after: dict[str, float]) -> str | None:
+    """The part of a step's profile (two of :func:`step_profile`'s dicts) whose time grew most from
+    ``before`` to ``after``, or ``None`` when no part grew."""
+    name = max(before, key=lambda part: after[part] - before[part])
+    return name if after[name] > before[name] else None
+
+
+def few_rows_pattern(seconds: dict[int, float]) -> str:
+    """What one matrix product's times for 1, 2, 3 and 4 rows (``{rows: seconds}``, at least those
+    four) show about the kernel, in words: whether a few rows cost about what one row costs, or
+    about a pass of their own each, and what changes at 4 rows. Two rows within 1.3 times one row's
+    time cost "like one"; 2 and 3 rows above 1.7 and 2.4 times it, "a pass each"."""
+    r2, r3, r4 = (seconds[n] / seconds[1] for n in (2, 3, 4))
+    if r2 <= 1.3 and r3 <= 1.3:
+        if r4 >= 1.5:
+            return "2 and 3 rows cost about what 1 row costs; from 4 rows the cost grows with the rows"
+        return "2, 3 and 4 rows cost about what 1 row costs"
+    if r2 >= 1.7 and r3 >= 2.4:
+        if r4 < r3:
+            return "2 and 3 rows cost about a pass each; 4 rows cost less than 3 (another kernel from 4)"
+        return "each row costs about a pass of its own"
+    return "each extra row costs a part of a pass (between 'like one' and 'a pass each')"

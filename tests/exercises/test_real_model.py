@@ -183,6 +183,24 @@ def test_tokens_for_ratio_is_the_first_length_that_reaches_it():
         rm.tokens_for_ratio(cfg, PROMPT_LEN, ratio=1e9, limit=1024)
 
 
+def test_tokens_for_ratio_counts_the_parts_asked_for():
+    """The page's exercise 5.3 explains the gap between the token count and the exact count by the
+    parts: attention alone lowers the count (it raises the ratio), the output layer alone raises it
+    (both loops pay it once per step), and the output layer wins."""
+    cfg = rm.SMOLLM2
+    tokens = rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=("linear",))
+    with_attention = rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=("linear", "attention"))
+    with_output = rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=("linear", "output"))
+    exact = rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=("linear", "attention", "output"))
+    assert exact == rm.tokens_for_ratio(cfg, PROMPT_LEN) == 1823
+    assert tokens == round(tokens_for_a_thousand())                       # the derivation is the token count
+    assert with_attention < tokens < exact < with_output
+    with pytest.raises(ValueError, match="parts"):
+        rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=("linear", "mlp"))
+    with pytest.raises(ValueError, match="parts"):
+        rm.tokens_for_ratio(cfg, PROMPT_LEN, parts=())
+
+
 def test_the_token_count_without_attention_passes_with_margin():
     derived, exact = tokens_for_a_thousand(), rm.tokens_for_ratio(rm.SMOLLM2, PROMPT_LEN)
     assert 0.05 < abs(derived - exact) / exact < 0.08              # inside the tolerance, not by accident

@@ -169,6 +169,59 @@ def test_step_profile_prints_nothing_to_stderr(capfd):
     assert "profiler" not in capfd.readouterr().err
 
 
+def test_step_profile_takes_the_median_step_after_a_warm_up(monkeypatch):
+    """One slow profiled step (a busy machine, a one-off cost) does not move a batch's figures:
+    the batch's parts are those of its median step."""
+    from kvlib.measure import experiments
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model()
+    calls, real, big = [], model.forward, torch.ones(256, 256)
+
+    def slow_first(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:                      # the first profiled step (after the prefill, throwaway, 2 warm-ups)
+            for _ in range(40):
+                torch.mm(big, big)               # ~1.3 GFLOP of matrix products in this step alone
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow_first)
+    profile = experiments.step_profile(model, list(range(1, 11)), [1], n_steps=3, warmup=2)
+    assert len(calls) == 1 + 1 + 2 + 3          # the prefill, the throwaway, the warm-up, the profiled steps
+    calls.clear()
+    slow = experiments.step_profile(model, list(range(1, 11)), [1], n_steps=1, warmup=2)    # only the slow step
+    assert profile[1]["matrix products"] < slow[1]["matrix products"] / 3   # the median step, not the slow one
+    with pytest.raises(ValueError, match="n_steps"):
+        experiments.step_profile(model, [1, 2], [1], n_steps=0)
+
+
+def test_grew_most_names_the_part_or_none():
+    from kvlib.measure.experiments import grew_most
+
+    before = {"matrix products": 0.035, "attention": 0.0034, "other operators": 0.0085}
+    assert grew_most(before, {"matrix products": 0.050, "attention": 0.004, "other operators": 0.009}) \
+        == "matrix products"
+    assert grew_most(before, {"matrix products": 0.036, "attention": 0.0034, "other operators": 0.012}) \
+        == "other operators"
+    # every part fell (the stored Xeon run's first profile): nothing grew, whatever fell least
+    assert grew_most(before, {"matrix products": 0.0219, "attention": 0.0013, "other operators": 0.0071}) is None
+    assert grew_most(before, dict(before)) is None
+
+
+@pytest.mark.parametrize("ratios, words", [
+    ((1.1, 1.1, 1.8, 3.3), "2 and 3 rows cost about what 1 row costs; from 4 rows"),       # the Xeon's MKL
+    ((1.0, 1.1, 1.2, 1.9), "2, 3 and 4 rows cost about what 1 row costs"),
+    ((2.1, 2.8, 2.3, 2.8), "2 and 3 rows cost about a pass each; 4 rows cost less than 3"),  # the AVX2 EPYC's
+    ((2.0, 3.0, 4.0, 8.0), "each row costs about a pass of its own"),
+    ((1.5, 1.9, 2.2, 3.0), "each extra row costs a part of a pass"),
+])
+def test_few_rows_pattern_classifies_the_measured_shapes(ratios, words):
+    from kvlib.measure.experiments import few_rows_pattern
+
+    seconds = {1: 0.01, **{rows: 0.01 * r for rows, r in zip((2, 3, 4, 8), ratios)}}
+    assert few_rows_pattern(seconds).startswith(words)
+
+
 def test_row_cost_is_the_step_and_the_cache_of_one_row():
     from kvlib.cache import kv_bytes_per_token
     from kvlib.config import Config
