@@ -1,7 +1,8 @@
 """Speculative decoding: guess several tokens cheaply, check them with the model in one step.
 
-A cached decode step is memory-bound: it reads every weight to compute one token, so checking
-``k + 1`` tokens in one step costs little more than one. Each step here:
+A cached decode step reads every weight to compute one token; a step over ``k + 1`` tokens reads
+them once too, so where the step is memory-bound (on a GPU) checking ``k + 1`` tokens costs
+little more than one. On a CPU it can cost noticeably more (section 10 measures it). Each step here:
 
 1. **drafts** up to ``k`` tokens: by *prompt lookup* (the tokens that followed the last
    ``ngram`` tokens where they occurred before in the text, no second model), or with a

@@ -172,7 +172,8 @@ def check_quantize_int4(fn: Callable) -> None:
     hint = diagnose(as_floats, cases, _MISTAKES_INT4 + [
         (down_the_columns, lambda w, gs: _int4(w, gs, transpose=True)),
         (down_the_columns, lambda w, gs: _int4(w, gs, transpose=True, groups_first=True)),
-    ]) or "per group: lo, hi = min, max; scale = (hi - lo) / 15; q = round((w - lo) / scale); zero = lo + 8 · scale."
+    ]) or ("per group: which integer stands for the group's minimum, and which for its maximum? Write both in "
+           "(q - 8) · scale + zero and solve for scale and zero.")
     run_check("Exercise 8.2", as_floats if callable(fn) else fn, cases, hint=hint)
 
 
@@ -181,7 +182,7 @@ def check_quantize_int4(fn: Callable) -> None:
 # ---------------------------------------------------------------------------------------------
 
 # The statement's reference numbers: a 4-bit and a float32 SmolLM2-135M, a laptop-class CPU.
-KNEE_NUMBERS = dict(w4=96e6, w32=513e6, bandwidth=20e9, flops_per_s=100e9, flops_per_token=270e6)
+KNEE_NUMBERS = dict(w4=96e6, w32=538e6, bandwidth=20e9, flops_per_s=100e9, flops_per_token=270e6)
 
 
 def _knee(weight_bytes: float, bandwidth: float, flops_per_s: float, flops_per_token: float) -> float:
@@ -202,14 +203,14 @@ def check_quantized_knee(fn) -> None:
     known = [
         (1 / exact, "this is the inverse: the knee is where batch × FLOPs per token ÷ FLOP/s grows to weight "
                     "bytes ÷ bandwidth, B* = (W / β)(π / f)."),
-        (float32, "that is the float32 model's knee (513 MB of weights); the 4-bit model reads 96 MB per step."),
+        (float32, "that is the float32 model's knee (538 MB of weights); the 4-bit model reads 96 MB per step."),
         (k["w4"] / k["flops_per_s"] * k["bandwidth"] / k["flops_per_token"],
          "bandwidth and FLOP/s are swapped: reading takes W / β, the arithmetic of a batch B · f / π."),
         (8 * exact, "the 96 MB are bytes, like the bandwidth's 20 GB per second; multiplying by 8 counts bits."),
         (float32 / 4, "the 4-bit weights are not a quarter of the float32 bytes: with their scales, and an "
-                      "8-bit embedding, they take 96 MB against 513 (0.19). Use the bytes given."),
+                      "8-bit embedding, they take 96 MB against 538 (0.18). Use the bytes given."),
         (float32 / 8, "4 bits are an eighth of 32, but the 4-bit model's scales and its 8-bit embedding make "
-                      "96 MB against 513 (0.19), not an eighth. Use the bytes given."),
+                      "96 MB against 538 (0.18), not an eighth. Use the bytes given."),
     ]
     why = "B* = (W / β)(π / f): the bytes of the 4-bit weights over the bandwidth, times FLOP/s over FLOPs per token."
     number = isinstance(predicted, (int, float)) and not isinstance(predicted, bool)
@@ -232,8 +233,9 @@ PREFILL_CHOICES = {
                  "its hundred-odd GFLOP of matrix products, not to writing the cache."),
     "c": (True, "A prefill of hundreds of tokens reuses every weight it reads for each of them: at 270 MFLOP per "
                 "token it is far past the knee, so arithmetic sets its time and fewer bytes do not shorten it. "
-                "Weight-only quantization saves bytes, not FLOPs; and the kernel converts the weights and "
-                "multiplies in bfloat16, on a CPU without fast bfloat16 arithmetic slower than float32's library, "
+                "Weight-only quantization saves bytes, not FLOPs. And on any CPU the weight-only kernel does that "
+                "arithmetic less efficiently than float32's matrix library: it unpacks and scales every weight "
+                "before it multiplies, and it is written for the few rows of a decode step, not for hundreds; "
                 "which is why the prefill can even get slower."),
     "d": (False, "At a few hundred tokens attention's own products are a small share of the FLOPs (section 4 "
                  "counted them); the linear layers dominate. And a step that quantization does not touch would "

@@ -2,12 +2,12 @@
 
 - 9.1, how much does the second turn reuse?: a count worked out on paper, graded exactly, with
   the usual slips named (the answer's last token, a partly filled block, the answer forgotten);
-- 9.2, chained block keys: ``block_keys(tokens, block_size)`` graded on its properties (whole
-  blocks only, equal prefixes give equal keys, a change reaches every later key and no earlier
-  one, and the same tokens after another prefix give another key: no false hit);
-- 9.3, many users, one system prompt: the prompt tokens the engine computes with reuse,
+- 9.2, a radix tree of prompts: ``radix_tree(prompts)`` (SGLang's structure, which the section
+  only describes) graded exactly on seven sets of prompts, with a trie and edges that run past
+  a prompt's end named; the figure's own ``radix_tree`` refused;
+- 9.3, whole blocks of 32: the prompt tokens the engine computes with reuse and blocks of 32,
   predicted and graded against the count of the run (the same on every machine), then a letter
-  for why the time to first token falls by less.
+  for what larger blocks buy in exchange.
 """
 from __future__ import annotations
 
@@ -23,8 +23,15 @@ def _library_keys() -> dict[str, Callable]:
 
     return {"block_keys": blocks.block_keys, "chain_key": blocks.chain_key}
 
-__all__ = ["check_second_turn_reuse", "check_block_keys", "check_shared_prompt_tokens", "check_ttft_explanation",
-           "TTFT_CHOICES", "REUSE_TURN"]
+
+def _library_tree() -> dict[str, Callable]:
+    """kvlib's own radix tree (the one the section's figure draws): refused by 9.2's check."""
+    from ..widgets import diagrams_reuse
+
+    return {"radix_tree": diagrams_reuse.radix_tree}
+
+__all__ = ["check_second_turn_reuse", "check_radix_tree", "check_shared_prompt_tokens", "check_larger_blocks",
+           "LARGER_BLOCK_CHOICES", "REUSE_TURN"]
 
 # ---------------------------------------------------------------------------------------
 # Exercise 9.1: how much does the second turn reuse?
@@ -66,82 +73,129 @@ def check_second_turn_reuse(fn: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 9.2: chained block keys
+# Exercise 9.2: a radix tree of prompts
 # ---------------------------------------------------------------------------------------
 
-def _tokens(rng: random.Random, n: int, vocab: int = 50) -> list[int]:
-    return [rng.randrange(vocab) for _ in range(n)]
+def _radix(sequences) -> dict:
+    """Reference: ``{first token: (edge, subtree)}``, each edge running until the sequences below it
+    part or one of them ends; empty sequences add nothing."""
+    groups: dict = {}
+    for s in sequences:
+        if len(s):
+            groups.setdefault(s[0], []).append(tuple(s))
+    tree = {}
+    for first, group in groups.items():
+        shortest = min(len(s) for s in group)
+        end = 1
+        while end < shortest and all(s[end] == group[0][end] for s in group):
+            end += 1
+        tree[first] = (group[0][:end], _radix([s[end:] for s in group]))
+    return tree
 
 
-def _keys(fn: Callable, tokens: list[int], block_size: int, what: str) -> list:
-    try:
-        keys = fn(list(tokens), block_size)
-    except NotImplementedError:
-        raise CheckFailed("Exercise 9.2: not written yet — replace the NotImplementedError in your function "
-                          "with your code.") from None
-    except Exception as e:
-        raise CheckFailed(f"Exercise 9.2: block_keys raised {type(e).__name__}: {e} ({what})") from None
-    if not isinstance(keys, (list, tuple)):
-        raise CheckFailed(f"Exercise 9.2: block_keys should return a list of keys, one per full block, got "
-                          f"{describe(keys)}")
-    try:
-        [hash(k) for k in keys]
-    except TypeError:
-        raise CheckFailed("Exercise 9.2: each key must be hashable (a dictionary looks blocks up by their keys): "
-                          "an int, a str, bytes or a tuple, not a list") from None
-    return list(keys)
+def _trie(sequences) -> dict:
+    """A mistake: one token per edge (a trie, not compressed)."""
+    groups: dict = {}
+    for s in sequences:
+        if len(s):
+            groups.setdefault(s[0], []).append(tuple(s))
+    return {first: ((first,), _trie([s[1:] for s in group])) for first, group in groups.items()}
 
 
-def _block_key_problems(fn: Callable, rng: random.Random, block_size: int) -> str | None:
-    """The first property ``fn`` breaks for one block size, or ``None``."""
-    n = block_size * rng.randint(3, 5) + rng.randrange(block_size)
-    tokens = _tokens(rng, n)
-    keys = _keys(fn, tokens, block_size, f"{n} tokens, block_size {block_size}")
-    if len(keys) != n // block_size:
-        return (f"{n} tokens in blocks of {block_size} make {n // block_size} full blocks, got {len(keys)} keys: only "
-                f"whole blocks get a key (a partly filled block is still being written, and is never shared)")
-    if _keys(fn, tokens, block_size, "the same tokens again") != keys:
-        return "the same tokens gave other keys the second time: a key must depend on the tokens alone"
-    longer = _keys(fn, tokens + _tokens(rng, 2 * block_size), block_size, "the same tokens and more after them")
-    if longer[:len(keys)] != keys:
-        return ("the same first blocks gave other keys when more tokens followed them: a block's key must depend "
-                "only on its own tokens and those before it, or a request never finds its prefix")
-    at = rng.randrange(block_size, n)
-    changed = tokens[:at] + [(tokens[at] + 1) % 50] + tokens[at + 1:]
-    other = _keys(fn, changed, block_size, "one token changed")
-    first = at // block_size
-    if other[:first] != keys[:first]:
-        return f"changing token {at} changed the key of a block before it: the blocks before stay the same"
-    if any(a == b for a, b in zip(other[first:], keys[first:])):
-        return (f"changing token {at} left a key of block {first} or later unchanged: every block from the change on "
-                f"holds keys and values computed after another token")
-    return _false_hit(fn, rng, block_size)
+def _radix_ignoring_ends(sequences) -> dict:
+    """A mistake: edges split only where prompts part, not where one of them ends."""
+    groups: dict = {}
+    for s in sequences:
+        if len(s):
+            groups.setdefault(s[0], []).append(tuple(s))
+    tree = {}
+    for first, group in groups.items():
+        end = 1
+        while True:
+            alive = [s for s in group if len(s) > end]
+            if not alive or len({s[end] for s in alive}) > 1:
+                break
+            end += 1
+        longest = max(group, key=len)
+        tree[first] = (longest[:end], _radix_ignoring_ends([s[end:] for s in group if len(s) > end]))
+    return tree
 
 
-def _false_hit(fn: Callable, rng: random.Random, block_size: int) -> str | None:
-    shared = _tokens(rng, 2 * block_size)
-    a = _keys(fn, _tokens(rng, block_size) + shared, block_size, "a block of tokens after one prefix")
-    b = _keys(fn, _tokens(rng, block_size) + shared, block_size, "the same block after another prefix")
-    if a[1:] == b[1:] or a[1] == b[1]:
-        return ("the keys do not chain: the same block of tokens after two different prefixes got the same key, so "
-                "the second request would take the first one's block, whose keys and values were computed after "
-                "other tokens (a false hit). Make each key from the block's tokens and the previous block's key")
-    return None
+def _canonical(tree, where: str = "the tree"):
+    """The learner's tree with every edge a tuple, or a sentence saying what is malformed."""
+    if not isinstance(tree, dict):
+        return f"{where} should be a dict from an edge's first token to (edge, subtree), got {describe(tree)}"
+    out = {}
+    for key, value in tree.items():
+        if not (isinstance(value, (tuple, list)) and len(value) == 2):
+            return f"in {where}, the value under {key!r} should be a pair (edge, subtree), got {describe(value)}"
+        edge, sub = value
+        if not isinstance(edge, (tuple, list)) or not edge:
+            return f"in {where}, the edge under {key!r} should be a non-empty tuple of tokens, got {describe(edge)}"
+        if edge[0] != key:
+            return (f"in {where}, the edge {tuple(edge)} is filed under {key!r}: each edge is filed under its own "
+                    f"first token, so that a walk finds it from the next token of a prompt")
+        inner = _canonical(sub, f"the subtree under {tuple(edge)}")
+        if isinstance(inner, str):
+            return inner
+        out[key] = (tuple(edge), inner)
+    return out
 
 
-def check_block_keys(fn: Callable[[list[int], int], list]) -> None:
-    """Exercise 9.2: ``fn(tokens, block_size)`` returns one hashable key per full block, chained."""
+def _show(tree: dict) -> str:
+    """A tree as one line: ``{(1, 2) → {(3,), (4, 5)}}``."""
+    parts = [str(edge) + (" → " + _show(sub) if sub else "") for edge, sub in sorted(tree.values())]
+    return "{" + ", ".join(parts) + "}"
+
+
+def _radix_cases() -> list[tuple[str, list]]:
+    rng = random.Random(92)
+    shared = [rng.randrange(50) for _ in range(6)]
+    many = [[rng.randrange(3) for _ in range(rng.randint(2, 9))] for _ in range(12)]
+    return [
+        ("three prompts sharing a prefix", [[1, 2, 3, 4, 5], [1, 2, 3, 6], [1, 2, 7, 8]]),
+        ("one prompt", [[4, 8, 15, 16, 23, 42]]),
+        ("no first token in common", [[1, 2], [3, 4], [5]]),
+        ("a prompt that ends where another goes on", [[1, 2, 3], [1, 2, 3, 4, 5]]),
+        ("the same prompt twice, and an empty one", [[7, 7, 7], [7, 7, 7], []]),
+        ("a shared system prompt, then questions", [shared + [60 + i, 70 + i] for i in range(4)]),
+        ("twelve prompts over three tokens", many),
+    ]
+
+
+def check_radix_tree(fn: Callable[[list], dict]) -> None:
+    """Exercise 9.2: ``fn(prompts)`` returns the radix tree of the token lists ``prompts``:
+    ``{first token: (edge, subtree)}``, an edge ending where the prompts below it part or one ends."""
     exercise = "Exercise 9.2"
     if not callable(fn):
         raise CheckFailed(f"{exercise}: expected a function, got {type(fn).__name__}")
-    refuse_library_answer(exercise, fn, _library_keys())
-    rng = random.Random(9)
-    for block_size in (1, 4, 16):
-        why = _block_key_problems(fn, rng, block_size)
-        if why:
-            raise CheckFailed(f"{exercise}: with block_size {block_size}, {why}.")
-    print(f"✓ {exercise}: whole blocks only, the same prefix gives the same keys, a change reaches every later key "
-          f"and no earlier one, and the same block after another prefix gets another key (block sizes 1, 4, 16).")
+    refuse_library_answer(exercise, fn, _library_tree())
+    cases = _radix_cases()
+    for i, (name, prompts) in enumerate(cases, start=1):
+        try:
+            got = fn([list(p) for p in prompts])
+        except NotImplementedError:
+            raise CheckFailed(f"{exercise}: not written yet — replace the NotImplementedError in your function "
+                              f"with your code.") from None
+        except Exception as e:
+            raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({name}) raised {type(e).__name__}: {e}\n"
+                              f"  prompts: {prompts}") from None
+        tree = _canonical(got)
+        if isinstance(tree, str):
+            raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({name}): {tree}")
+        expected = _radix(prompts)
+        if tree == expected:
+            continue
+        why = "walk the prompts from their first token: where do they part, and where does one of them end?"
+        if tree == _trie(prompts) and _trie(prompts) != expected:
+            why = ("every edge holds one token: that is a trie. A radix tree merges a run of tokens that no prompt "
+                   "leaves into one edge, so a lookup compares runs, not one token per node.")
+        elif tree == _radix_ignoring_ends(prompts):
+            why = ("an edge runs past the end of a prompt: where a prompt ends, a node must end too, since its "
+                   "cached tokens stop there (and can be evicted apart from the longer prompt's).")
+        raise CheckFailed(f"{exercise}: case {i} of {len(cases)} ({name}) is wrong.\n  prompts: {prompts}\n"
+                          f"  expected {_show(expected)}\n  got      {_show(tree)}\n  hint: {why}")
+    print(f"✓ {exercise}: all {len(cases)} cases pass ({', '.join(name for name, _ in cases)}).")
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,19 +217,20 @@ def check_shared_prompt_tokens(fn: Any, counted: int, *, system_tokens: int, use
                          f"first block that is not all system prompt.")
 
 
-TTFT_CHOICES = {
-    "a": (True, "every forward pass reads all the weights and scores the last token against the whole vocabulary, "
-                "whatever the number of tokens it computes: a prefill of a few dozen tokens still pays that whole "
-                "fixed part, so its time falls by less than its tokens. Reuse removes arithmetic, not that read."),
-    "b": (False, "a cached block is not copied back: it stays in the pool, and the new tokens read it through the "
-                 "block table like any other block."),
-    "c": (False, "the keys are a few hashes per request, microseconds: nothing next to a forward pass."),
-    "d": (False, "the new tokens do attend to the cached ones, but at a few hundred tokens of context that attention "
-                 "is a small share of a step; the fixed cost of the step is the larger part."),
+LARGER_BLOCK_CHOICES = {
+    "a": (True, "a block is the unit of everything the engine does per piece of cache: one key to hash and look "
+                "up, one entry in every block table, one contiguous run of memory for the attention kernel to "
+                "read. Blocks of 32 halve those per token; they share less of a prompt (the run above) and waste "
+                "more of a partly filled last block. vLLM's default of 16 is a compromise between the two."),
+    "b": (False, "larger blocks share less, not more: only whole blocks are shared, so the shared part rounds down "
+                 "to a multiple of 32 instead of 16, and the run above computed more prompt tokens."),
+    "c": (False, "a request's last, partly filled block holds up to 31 empty slots with blocks of 32, against 15 "
+                 "with blocks of 16: larger blocks waste more memory, not less."),
+    "d": (False, "a block taken from the cache holds the keys and values the model computed, whatever the block "
+                 "size; reuse is exact up to the same rounding either way."),
 }
 
 
-def check_ttft_explanation(fn: Any) -> None:
-    """Exercise 9.3: the letter of the reason the seven users' first token comes sooner by less than their
-    prompt tokens fall."""
-    check_choice("Exercise 9.3", student_answer("Exercise 9.3", fn, "the letter of your choice"), TTFT_CHOICES)
+def check_larger_blocks(fn: Any) -> None:
+    """Exercise 9.3: the letter of what blocks of 32 tokens buy, in exchange for the tokens they share less."""
+    check_choice("Exercise 9.3", student_answer("Exercise 9.3", fn, "the letter of your choice"), LARGER_BLOCK_CHOICES)

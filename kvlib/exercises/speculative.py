@@ -1,14 +1,16 @@
 """Checks for the exercises of *Speculative decoding* (section 10).
 
-- 10.1, where a draft stops paying: the largest cost of a draft step (as a share of a plain
-  step) at which speculation still breaks even, for a given acceptance and number of drafts,
-  graded within 2 %, with the usual slips named; kvlib's own formula refused;
-- 10.2, the chance of a rejection: ``rejection_chance(p, q)`` for a draft drawn from ``q`` and
-  checked against ``p`` by the rule min(1, p/q), graded on seeded distributions (it is the total
-  variation distance between them), with the wrong sums named;
-- 10.3, the tokens a verify step writes: ``tokens_per_verify(alpha, k)``, the truncated geometric
-  series, graded on seeded cases (α = 0 and α = 1 among them), kvlib's own refused; then a letter
-  for where the extra token comes from when every draft passes;
+- 10.1, where a draft stops paying: the acceptance a draft model needs to break even with two
+  drafts a step, a verify step dearer than a plain one and a given cost of a draft step (the page
+  works out only the case where every draft passes), graded within 2 %, with the usual slips
+  named; kvlib's own formulas refused;
+- 10.2, two candidates for one position: ``both_rejected(p, q)``, the chance that two drafts
+  drawn from ``q`` are both rejected when the second is checked against the residual the first
+  left (the rule of SpecInfer and EAGLE, which the page states but does not work out), graded on
+  seeded distributions, with the usual slips named;
+- 10.3, the tokens a verify step writes: ``tokens_per_verify(alphas)`` with an acceptance that
+  changes along the draft, graded on seeded cases (zeros and ones among them), kvlib's own
+  refused; then a letter for where the extra token comes from when every draft passes;
 - 10.4, fewer drafts a step: the verify steps the quote takes with k = 2, graded against the run,
   then a letter for why sampling keeps fewer of prompt lookup's drafts.
 """
@@ -19,10 +21,10 @@ from typing import Any, Callable
 
 import torch
 
-from .framework import (Case, check_choice, check_prediction, diagnose, refuse_library_answer, run_check,
-                        student_answer)
+from .framework import (Case, CheckFailed, check_choice, check_prediction, diagnose, refuse_library_answer,
+                        run_check, student_answer)
 
-__all__ = ["check_break_even", "check_rejection_chance", "check_tokens_per_verify", "check_extra_token",
+__all__ = ["check_break_even", "check_both_rejected", "check_tokens_per_verify", "check_extra_token",
            "check_lookup_steps", "check_sampled_acceptance", "BREAK_EVEN_CASE", "EXTRA_TOKEN_CHOICES", "SAMPLED_CHOICES"]
 
 
@@ -33,61 +35,85 @@ def _library_formulas() -> dict[str, Callable]:
     return {"tokens_per_step": speculation.tokens_per_step, "predicted_speedup": speculation.predicted_speedup}
 
 
-def _tokens(alpha: float, k: int) -> float:
-    """Reference: 1 + α + α² + ... + α^k, the accepted run and the model's own token."""
-    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+def _tokens(alphas) -> float:
+    """Reference: the step writes its (i + 1)-th token when the first i drafts pass: 1 + a1 + a1 a2 + ..."""
+    total, run = 1.0, 1.0
+    for a in alphas:
+        run *= a
+        total += run
+    return total
+
+
+def _solve(tokens: Callable[[float], float], target: float) -> float:
+    """The acceptance in [0, 1] at which ``tokens(alpha)`` (rising) reaches ``target`` (nan if never)."""
+    lo, hi = 0.0, 1.0
+    if not tokens(lo) <= target <= tokens(hi):
+        return float("nan")
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tokens(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 # ---------------------------------------------------------------------------------------
 # Exercise 10.1: where a draft stops paying
 # ---------------------------------------------------------------------------------------
 
-BREAK_EVEN_CASE = {"alpha": 0.8, "k": 4}
+BREAK_EVEN_CASE = {"k": 2, "draft": 0.2, "verify": 1.1}      # d / c and v(k) / c
 
 
-def _break_even(alpha: float, k: int) -> float:
-    """Reference: the speed-up T / (v/c + k d/c) with v = c equals 1 where d/c = (T - 1) / k."""
-    return (_tokens(alpha, k) - 1) / k
+def _break_even(k: int, draft: float, verify: float) -> float:
+    """Reference: the acceptance at which 1 + α + ... + α^k = v(k)/c + k d/c."""
+    return _solve(lambda a: _tokens([a] * k), verify + k * draft)
 
 
-def _break_even_mistakes(alpha: float, k: int) -> dict[str, float]:
-    tokens = _tokens(alpha, k)
+def _break_even_mistakes(k: int, draft: float, verify: float) -> dict[str, float]:
+    cost = verify + k * draft
     return {
         "the model's own token is left out of the tokens a step writes: accepted drafts or not, the verify step "
-        "writes the model's next token too, so a step writes 1 + α + ... + α^k tokens.": (tokens - 2) / k,
-        "the verify step's own cost is left out: a step costs the verify step (one plain step here) plus the k draft "
-        "steps, so T = 1 + k · d/c at the break-even.": tokens / k,
-        "one draft step is counted for all k drafts: the draft model writes its drafts one at a time, k steps.":
-            tokens - 1,
+        "writes the model's next token too, so a step writes 1 + α + α² tokens.":
+            _solve(lambda a: _tokens([a] * k) - 1, cost),
+        "the verify step is counted as one plain step: here it costs 1.1 of them, v(2) / c = 1.1.":
+            _solve(lambda a: _tokens([a] * k), 1 + k * draft),
+        "one draft step is counted for both drafts: the draft model writes its drafts one at a time, k steps.":
+            _solve(lambda a: _tokens([a] * k), verify + draft),
+        "this is the infinite series, 1 / (1 - α): a step has only k = 2 drafts to accept.":
+            1 - 1 / cost,
+        "the second draft is counted with chance α: it is kept only if the first was kept too, with chance α · α.":
+            (cost - 1) / k,
     }
 
 
 def check_break_even(fn: Any) -> None:
-    """Exercise 10.1: ``fn()`` returns the largest ``d / c`` at which speculation breaks even for
-    :data:`BREAK_EVEN_CASE`, a verify step costing one plain step."""
+    """Exercise 10.1: ``fn()`` returns the acceptance α at which speculation with :data:`BREAK_EVEN_CASE`'s
+    two drafts a step, verify step and draft step breaks even."""
     exercise = "Exercise 10.1"
     if callable(fn):
         refuse_library_answer(exercise, fn, _library_formulas())
     predicted = student_answer(exercise, fn, "your number")
     expected = _break_even(**BREAK_EVEN_CASE)
-    why = ("a step writes T = 1 + α + ... + α^k tokens for the cost of one verify step and k draft steps; it breaks "
-           "even where T = 1 + k · d/c.")
+    why = ("count the tokens a step writes when the first draft fails, when only the first passes, and when both "
+           "pass, each with its chance; the step costs v(2) + 2 d, in plain steps 1.5.")
     if isinstance(predicted, (int, float)) and not isinstance(predicted, bool):
         for sentence, value in _break_even_mistakes(**BREAK_EVEN_CASE).items():
             if math.isclose(predicted, value, rel_tol=0.02):
                 why = sentence
-    check_prediction(exercise, predicted, expected, rel_tol=0.02, what="the break-even cost of a draft step, d / c",
-                     why=why)
+    check_prediction(exercise, predicted, expected, rel_tol=0.02, what="the acceptance at which the draft breaks "
+                     "even", why=why)
 
 
 # ---------------------------------------------------------------------------------------
-# Exercise 10.2: the chance of a rejection
+# Exercise 10.2: two candidates for one position
 # ---------------------------------------------------------------------------------------
 
-def _rejection(p: torch.Tensor, q: torch.Tensor) -> float:
-    """Reference: a draft d ~ q is accepted with min(1, p(d)/q(d)), so in all with
-    sum_d q(d) min(1, p(d)/q(d)) = sum_d min(p(d), q(d)); rejected with the rest."""
-    return float(1 - torch.minimum(p, q).sum())
+def _both_rejected(p: torch.Tensor, q: torch.Tensor) -> float:
+    """Reference: the first candidate passes with sum min(p, q); after a rejection the second is
+    checked against the residual r = max(0, p - q) / (1 - that), and passes with sum min(r, q)."""
+    first = float(torch.minimum(p, q).sum())
+    if first >= 1 - 1e-12:
+        return 0.0
+    residual = (p - q).clamp(min=0) / (1 - first)
+    return (1 - first) * (1 - float(torch.minimum(residual, q).sum()))
 
 
 def _distributions(seed: int, vocab: int, zeros: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,37 +123,62 @@ def _distributions(seed: int, vocab: int, zeros: int = 0) -> tuple[torch.Tensor,
     return p / p.sum(), q / q.sum()
 
 
-def _rejection_cases() -> list[Case]:
+def _both_rejected_cases() -> list[Case]:
     specs = [("5 tokens", 101, 5, 0), ("50 tokens", 102, 50, 0), ("20 tokens, the first 5 outside the model's top-k",
              104, 20, 5)]
     cases = [Case(name, _distributions(seed, vocab, zeros), None, atol=1e-9) for name, seed, vocab, zeros in specs]
     p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     cases.append(Case("the drafter's distribution equals the model's", (p, p.clone()), None, atol=1e-9))
-    one_hot = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
-    cases.append(Case("a certain drafter (prompt lookup proposes one token)", (p, one_hot), None, atol=1e-9))
+    sure = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    cases.append(Case("a drafter sure of one token", (p, sure), None, atol=1e-9))
+    cases.append(Case("a model sure of one token", (sure, p.clone()), None, atol=1e-9))
     for case in cases:
-        case.expected = _rejection(*case.args)
+        case.expected = _both_rejected(*case.args)
     return cases
 
 
-_REJECTION_MISTAKES: list[tuple[str, Callable]] = [
-    ("this is the sum of |p - q|, twice the chance: every token where q > p is counted once in the rejections, "
-     "and the same mass again where p > q. Half of it is the total variation distance.",
-     lambda p, q: float((p - q).abs().sum())),
-    ("the acceptance is not capped at 1: a draft the model wants more than the drafter proposes it is kept, "
-     "with probability 1, not p/q > 1. Sum q(d) min(1, p(d)/q(d)).",
-     lambda p, q: float(1 - sum(float(pi) for pi, qi in zip(p, q) if qi > 0))),
-    ("this is the chance of accepting, not of rejecting.", lambda p, q: 1 - _rejection(p, q)),
+def _against_p_again(p, q):
+    first = float(torch.minimum(p, q).sum())
+    return (1 - first) ** 2
+
+
+def _unnormalised(p, q):
+    first = float(torch.minimum(p, q).sum())
+    return (1 - first) * (1 - float(torch.minimum((p - q).clamp(min=0), q).sum()))
+
+
+_BOTH_REJECTED_MISTAKES: list[tuple[str, Callable]] = [
+    ("the second candidate is checked against p again, as if the first had never been tried: that is "
+     "(1 - β)², and it writes tokens that do not follow p. After a rejection, the part of p the first check "
+     "already covered, min(p, q), is used up: the second candidate is checked against what is left, "
+     "max(0, p - q), normalised.", _against_p_again),
+    ("the residual max(0, p - q) is not normalised: it sums to 1 - β, not 1; divide it by that before the second "
+     "check.", _unnormalised),
+    ("this is the chance that one of the two passes, not that both are rejected.",
+     lambda p, q: 1 - _both_rejected(p, q)),
+    ("this is the chance that one candidate is rejected: the question asks for both of them.",
+     lambda p, q: 1 - float(torch.minimum(p, q).sum())),
 ]
 
 
-def check_rejection_chance(fn: Callable) -> None:
-    """Exercise 10.2: ``fn(p, q)`` returns the chance that a draft drawn from ``q`` is rejected."""
+def check_both_rejected(fn: Callable) -> None:
+    """Exercise 10.2: ``fn(p, q)`` returns the chance that two drafts drawn from ``q`` are both rejected, the
+    second checked against the residual the first left."""
     exercise = "Exercise 10.2"
-    cases = _rejection_cases()
-    hint = diagnose(fn, cases, _REJECTION_MISTAKES) if callable(fn) else None
-    run_check(exercise, fn, cases, hint=hint or "a draft d comes with probability q(d) and is kept with "
-              "min(1, p(d) / q(d)): add up q(d) times that over the vocabulary, and take the rest.")
+    cases = _both_rejected_cases()
+    if callable(fn):
+        for case in cases:
+            try:
+                got = fn(*(a.clone() for a in case.args))
+            except Exception:
+                break                                           # run_check reports it
+            if isinstance(got, (int, float, torch.Tensor)) and math.isnan(float(got)):
+                raise CheckFailed(f"{exercise}: case '{case.name}' gave NaN. When the first candidate always "
+                                  f"passes (β = 1), nothing is left to normalise, max(0, p - q) is all zeros: "
+                                  f"the second candidate is never checked, and the chance is 0.")
+    hint = diagnose(fn, cases, _BOTH_REJECTED_MISTAKES) if callable(fn) else None
+    run_check(exercise, fn, cases, hint=hint or "the first check passes with β = Σ min(p, q); after a rejection "
+              "what distribution is the second candidate checked against, and with what chance does it pass?")
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,30 +186,36 @@ def check_rejection_chance(fn: Callable) -> None:
 # ---------------------------------------------------------------------------------------
 
 def _tokens_cases() -> list[Case]:
-    specs = [("α = 0.8, k = 4", 0.8, 4), ("α = 0.5, k = 1", 0.5, 1), ("α = 0.9, k = 8", 0.9, 8),
-             ("every draft wrong, α = 0", 0.0, 4), ("every draft right, α = 1", 1.0, 4), ("no drafts, k = 0", 0.7, 0)]
-    return [Case(name, (alpha, k), _tokens(alpha, k), atol=1e-9) for name, alpha, k in specs]
+    specs = [("the same 0.8 at 4 positions", [0.8] * 4), ("one draft, 0.5", [0.5]),
+             ("falling along the draft", [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]), ("every draft wrong", [0.0] * 4),
+             ("every draft right", [1.0] * 4), ("no drafts", []), ("a sure miss in the middle", [0.9, 0.0, 0.9])]
+    return [Case(name, (list(alphas),), _tokens(alphas), atol=1e-9) for name, alphas in specs]
+
+
+def _geometric_of_first(alphas):
+    return sum(alphas[0] ** i for i in range(len(alphas) + 1)) if alphas else 1.0
 
 
 _TOKENS_MISTAKES: list[tuple[str, Callable]] = [
-    ("the model's own token is left out: every verify step writes it after the accepted run, so the sum starts "
-     "at 1 (α⁰), not at α.", lambda alpha, k: _tokens(alpha, k) - 1),
-    ("the series runs one term too far: with k drafts the run is at most k long, so the last term is α^k.",
-     lambda alpha, k: _tokens(alpha, k + 1)),
-    ("this is the infinite series, 1 / (1 - α): a step has only k drafts to accept.",
-     lambda alpha, k: float("inf") if alpha == 1 else 1 / (1 - alpha)),
+    ("the model's own token is left out: every verify step writes it after the accepted run, so the count starts "
+     "at 1.", lambda alphas: _tokens(alphas) - 1),
+    ("the chances are added, not multiplied: the step writes its third token only if the first draft and the "
+     "second both pass, with chance α₁ · α₂.", lambda alphas: 1 + sum(alphas)),
+    ("only the first position's acceptance is used, as if it held at every position: each position has its own.",
+     _geometric_of_first),
 ]
 
 
 def check_tokens_per_verify(fn: Callable) -> None:
-    """Exercise 10.3: ``fn(alpha, k)`` returns the expected tokens a verify step writes."""
+    """Exercise 10.3: ``fn(alphas)`` returns the expected tokens a verify step writes when draft ``i`` passes
+    with chance ``alphas[i]`` given that the drafts before it passed."""
     exercise = "Exercise 10.3"
     if callable(fn):
         refuse_library_answer(exercise, fn, _library_formulas())
     cases = _tokens_cases()
     hint = diagnose(fn, cases, _TOKENS_MISTAKES) if callable(fn) else None
-    run_check(exercise, fn, cases, hint=hint or "the step writes j + 1 tokens when the first j drafts pass and the "
-              "next fails (or j = k): add up the chance that the run reaches each position.")
+    run_check(exercise, fn, cases, hint=hint or "with what chance does the step write its first token, its "
+              "second, its third? Add those chances up.")
 
 
 EXTRA_TOKEN_CHOICES = {

@@ -1,22 +1,55 @@
 """Section 9's checks (kvlib.exercises.reuse): the references pass, the stubs and the usual
-mistakes fail, each with its own message."""
+mistakes fail, each with its own message, and the figure's own radix tree is refused."""
 from __future__ import annotations
 
 import pytest
 
 from kvlib.exercises import CheckFailed
-from kvlib.exercises.reuse import (TTFT_CHOICES, check_block_keys, check_second_turn_reuse,
-                                   check_shared_prompt_tokens, check_ttft_explanation)
-from kvlib.serve import block_keys as kvlib_block_keys
-from kvlib.serve.blocks import chain_key
+from kvlib.exercises.reuse import (LARGER_BLOCK_CHOICES, check_larger_blocks, check_radix_tree,
+                                   check_second_turn_reuse, check_shared_prompt_tokens)
+from kvlib.widgets import diagrams_reuse
+from kvlib.widgets.diagrams_reuse import radix_tree as kvlib_radix_tree
 
 
-def chained(tokens, block_size):
-    keys, previous = [], None
-    for i in range(len(tokens) // block_size):
-        previous = hash((previous, tuple(tokens[i * block_size:(i + 1) * block_size])))
-        keys.append(previous)
-    return keys
+def build_radix_tree(prompts):
+    """The reference of the notebook's solution: group by first token, run the edge while all agree."""
+    groups = {}
+    for p in prompts:
+        if p:
+            groups.setdefault(p[0], []).append(list(p))
+    tree = {}
+    for first, group in groups.items():
+        end = 1
+        while end < min(map(len, group)) and len({p[end] for p in group}) == 1:
+            end += 1
+        tree[first] = (tuple(group[0][:end]), build_radix_tree([p[end:] for p in group]))
+    return tree
+
+
+def trie(prompts):
+    groups = {}
+    for p in prompts:
+        if p:
+            groups.setdefault(p[0], []).append(p)
+    return {first: ((first,), trie([p[1:] for p in group])) for first, group in groups.items()}
+
+
+def past_the_end(prompts):
+    """Edges split only where prompts part: a prompt that ends inside an edge is lost."""
+    groups = {}
+    for p in prompts:
+        if p:
+            groups.setdefault(p[0], []).append(p)
+    tree = {}
+    for first, group in groups.items():
+        end = 1
+        while True:
+            alive = [p for p in group if len(p) > end]
+            if not alive or len({p[end] for p in alive}) > 1:
+                break
+            end += 1
+        tree[first] = (tuple(max(group, key=len)[:end]), past_the_end([p[end:] for p in group if len(p) > end]))
+    return tree
 
 
 def stub(*args):
@@ -25,18 +58,18 @@ def stub(*args):
 
 def test_the_references_pass(capsys):
     check_second_turn_reuse(lambda: 64)
-    check_block_keys(chained)
+    check_radix_tree(build_radix_tree)
+    check_radix_tree(lambda prompts: {k: (list(e), s) for k, (e, s) in build_radix_tree(prompts).items()})   # lists pass
     check_shared_prompt_tokens(lambda: 1000, 1000, system_tokens=190, users=8, block_size=32)
-    check_ttft_explanation(lambda: "a")
-    assert capsys.readouterr().out.count("✓") == 4
+    check_larger_blocks(lambda: "a")
+    assert capsys.readouterr().out.count("✓") == 5
 
 
-def test_kvlibs_own_block_keys_are_refused():
-    """9.2 asks for what kvlib.serve.block_keys computes: calling it (or chain_key) passes nothing."""
-    for fn in (kvlib_block_keys, lambda t, b: kvlib_block_keys(t, b),
-               lambda t, b: [chain_key(b"", t[:b])] * (len(t) // b)):
-        with pytest.raises(CheckFailed, match="kvlib's `(block_keys|chain_key)`"):
-            check_block_keys(fn)
+def test_kvlibs_own_radix_tree_is_refused():
+    """9.2 asks for what the figure's radix_tree computes: calling it passes nothing."""
+    for fn in (kvlib_radix_tree, lambda p: kvlib_radix_tree(p), lambda p: diagrams_reuse.radix_tree(p)):
+        with pytest.raises(CheckFailed, match="kvlib's `radix_tree`"):
+            check_radix_tree(fn)
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -49,28 +82,27 @@ def test_second_turn_mistakes_are_named(answer, message):
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda t, b: [hash(tuple(t[i * b:(i + 1) * b])) for i in range(len(t) // b)], "the keys do not chain"),
-    (lambda t, b: chained(t + [0] * (-len(t) % b), b), "only whole blocks"),
-    (lambda t, b: [hash((tuple(t), i)) for i in range(len(t) // b)], "when more tokens followed them"),
-    (lambda t, b: [list(t[i * b:(i + 1) * b]) for i in range(len(t) // b)], "must be hashable"),
-    (lambda t, b: {"keys": chained(t, b)}, "should return a list of keys"),
-    (lambda t, b: chained(t, b)[:1] * (len(t) // b), "changing token"),
+    (trie, "that is a trie"),
+    (past_the_end, "an edge runs past the end of a prompt"),
+    (lambda p: [build_radix_tree(p)], "should be a dict"),
+    (lambda p: {k: [e] for k, (e, s) in build_radix_tree(p).items()}, "should be a pair"),
+    (lambda p: {k + 1: v for k, v in build_radix_tree(p).items()}, "is filed under"),
+    (lambda p: {k: ((), s) for k, (e, s) in build_radix_tree(p).items()}, "non-empty tuple"),
+    (lambda p: build_radix_tree(p[:1]), "expected"),
 ])
-def test_block_key_mistakes_are_named(fn, message):
+def test_radix_tree_mistakes_are_named(fn, message):
     with pytest.raises(CheckFailed, match=message):
-        check_block_keys(fn)
+        check_radix_tree(fn)
 
 
 def test_stubs_and_errors_fail_clearly():
-    for check in (check_second_turn_reuse, check_ttft_explanation):
+    for check in (check_second_turn_reuse, check_larger_blocks, check_radix_tree):
         with pytest.raises(CheckFailed, match="not written yet"):
             check(stub)
-    with pytest.raises(CheckFailed, match="not written yet"):
-        check_block_keys(stub)
     with pytest.raises(CheckFailed, match="raised ZeroDivisionError"):
-        check_block_keys(lambda t, b: 1 / 0)
+        check_radix_tree(lambda p: 1 / 0)
     with pytest.raises(CheckFailed, match="expected a function"):
-        check_block_keys(3)
+        check_radix_tree(3)
 
 
 def test_a_prediction_far_off_says_what_the_reuse_covers():
@@ -78,7 +110,7 @@ def test_a_prediction_far_off_says_what_the_reuse_covers():
         check_shared_prompt_tokens(lambda: 1600, 1000, system_tokens=190, users=8)
 
 
-@pytest.mark.parametrize("letter", sorted(set(TTFT_CHOICES) - {"a"}))
+@pytest.mark.parametrize("letter", sorted(set(LARGER_BLOCK_CHOICES) - {"a"}))
 def test_every_wrong_letter_is_told_why(letter):
     with pytest.raises(CheckFailed, match=rf"\({letter}\) is not it"):
-        check_ttft_explanation(lambda: letter)
+        check_larger_blocks(lambda: letter)

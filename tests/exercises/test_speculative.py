@@ -1,23 +1,37 @@
-"""The checks of section 10 (10.1 where a draft stops paying, 10.2 the chance of a rejection, 10.3 the
-tokens a verify step writes): the reference passes, stubs fail, the usual mistakes fail with the
+"""The checks of section 10 (10.1 where a draft stops paying, 10.2 two candidates for one position, 10.3
+the tokens a verify step writes): the reference passes, stubs fail, the usual mistakes fail with the
 message that names them, and kvlib's own formulas are refused."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from kvlib.exercises import CheckFailed
-from kvlib.exercises.speculative import (EXTRA_TOKEN_CHOICES, check_break_even, check_extra_token,
-                                         check_rejection_chance, check_tokens_per_verify)
+from kvlib.exercises.speculative import (EXTRA_TOKEN_CHOICES, check_both_rejected, check_break_even,
+                                         check_extra_token, check_tokens_per_verify)
 from kvlib.measure.speculation import predicted_speedup, tokens_per_step
 
 
-def rejection_chance(p, q):
-    return float(1 - torch.minimum(p, q).sum())
+def both_rejected(p, q):
+    first = float(torch.minimum(p, q).sum())
+    if first >= 1 - 1e-12:
+        return 0.0
+    residual = (p - q).clamp(min=0) / (1 - first)
+    return (1 - first) * (1 - float(torch.minimum(residual, q).sum()))
 
 
-def tokens_per_verify(alpha, k):
-    return sum(alpha ** j for j in range(k + 1))
+def tokens_per_verify(alphas):
+    total, run = 1.0, 1.0
+    for a in alphas:
+        run *= a
+        total += run
+    return total
+
+
+def break_even_acceptance():
+    return (-1 + math.sqrt(1 + 4 * (1.1 + 2 * 0.2 - 1))) / 2          # 1 + α + α² = 1.5
 
 
 def _stub(*args):
@@ -25,18 +39,21 @@ def _stub(*args):
 
 
 def test_the_references_pass(capsys):
-    check_break_even(lambda: (tokens_per_verify(0.8, 4) - 1) / 4)
-    check_rejection_chance(rejection_chance)
-    check_rejection_chance(lambda p, q: float(0.5 * (p - q).abs().sum()))      # the total variation distance: the same
+    check_break_even(break_even_acceptance)
+    check_break_even(lambda: 0.366)
+    check_both_rejected(both_rejected)
     check_tokens_per_verify(tokens_per_verify)
     check_extra_token(lambda: "b")
     assert capsys.readouterr().out.count("✓") == 5
 
 
 @pytest.mark.parametrize("value, named", [
-    ((tokens_per_verify(0.8, 4) - 2) / 4, "model's own token is left out"),
-    (tokens_per_verify(0.8, 4) / 4, "verify step's own cost is left out"),
-    (tokens_per_verify(0.8, 4) - 1, "one draft step is counted for all"),
+    ((-1 + math.sqrt(7)) / 2, "model's own token is left out"),
+    ((-1 + math.sqrt(2.6)) / 2, "verify step is counted as one plain step"),
+    ((-1 + math.sqrt(2.2)) / 2, "one draft step is counted for both"),
+    (1 / 3, "infinite series"),
+    (0.25, "counted with chance α"),
+    (0.6, "count the tokens a step writes"),
 ])
 def test_break_even_names_the_slip(value, named):
     with pytest.raises(CheckFailed, match=named):
@@ -44,17 +61,36 @@ def test_break_even_names_the_slip(value, named):
 
 
 @pytest.mark.parametrize("wrong, named", [
-    (lambda p, q: float((p - q).abs().sum()), "twice the chance"),
-    (lambda p, q: float(torch.minimum(p, q).sum()), "chance of accepting"),
+    (lambda p, q: (1 - float(torch.minimum(p, q).sum())) ** 2, "checked against p again"),
+    (lambda p, q: (1 - float(torch.minimum(p, q).sum()))
+     * (1 - float(torch.minimum((p - q).clamp(min=0), q).sum())), "not normalised"),
+    (lambda p, q: 1 - both_rejected(p, q), "one of the two passes"),
+    (lambda p, q: 1 - float(torch.minimum(p, q).sum()), "one candidate is rejected"),
 ])
-def test_rejection_names_the_slip(wrong, named):
+def test_both_rejected_names_the_slip(wrong, named):
     with pytest.raises(CheckFailed, match=named):
-        check_rejection_chance(wrong)
+        check_both_rejected(wrong)
+
+
+def test_both_rejected_says_why_nan_is_wrong():
+    def no_guard(p, q):
+        first = float(torch.minimum(p, q).sum())
+        residual = (p - q).clamp(min=0) / (1 - first)
+        return (1 - first) * (1 - float(torch.minimum(residual, q).sum()))
+
+    with pytest.raises(CheckFailed, match="gave NaN"):
+        check_both_rejected(lambda p, q: float("nan") if torch.equal(p, q) else both_rejected(p, q))
+    try:                                                  # 0/0 gives NaN, or a float division error
+        check_both_rejected(no_guard)
+    except CheckFailed as e:
+        assert "NaN" in str(e) or "equals the model's" in str(e)
 
 
 @pytest.mark.parametrize("wrong, named", [
-    (lambda a, k: tokens_per_verify(a, k) - 1, "own token is left out"),
-    (lambda a, k: tokens_per_verify(a, k + 1), "one term too far"),
+    (lambda alphas: tokens_per_verify(alphas) - 1, "own token is left out"),
+    (lambda alphas: 1 + sum(alphas), "added, not multiplied"),
+    (lambda alphas: sum(alphas[0] ** i for i in range(len(alphas) + 1)) if alphas else 1.0,
+     "only the first position"),
 ])
 def test_tokens_per_verify_names_the_slip(wrong, named):
     with pytest.raises(CheckFailed, match=named):
@@ -63,14 +99,12 @@ def test_tokens_per_verify_names_the_slip(wrong, named):
 
 def test_kvlibs_own_formulas_are_refused():
     with pytest.raises(CheckFailed, match="kvlib's `tokens_per_step`"):
-        check_tokens_per_verify(tokens_per_step)
-    with pytest.raises(CheckFailed, match="kvlib's `tokens_per_step`"):
-        check_tokens_per_verify(lambda a, k: tokens_per_step(a, k))
+        check_tokens_per_verify(lambda alphas: tokens_per_step(alphas[0], len(alphas)))
     with pytest.raises(CheckFailed, match="kvlib's `predicted_speedup`"):
-        check_break_even(lambda: predicted_speedup(0.8, 4, 1.0, 1.0, 0.5))
+        check_break_even(lambda: predicted_speedup(0.4, 2, 1.0, 1.1, 0.2))
 
 
-@pytest.mark.parametrize("check", [check_rejection_chance, check_tokens_per_verify])
+@pytest.mark.parametrize("check", [check_both_rejected, check_tokens_per_verify])
 def test_stubs_fail(check):
     with pytest.raises(CheckFailed, match="not written yet|NotImplementedError|write"):
         check(_stub)
