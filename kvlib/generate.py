@@ -1,4 +1,5 @@
-"""Writing tokens one at a time, with the KV cache (the running total) or without (re-adding the list).
+"""Writing tokens one at a time, with the KV cache (each step feeds only the new token) or without
+(re-feeding the whole text).
 
 Small pieces, after gpt-fast: :func:`sample` picks the next token from logits (a pure
 function), :func:`check_prompts` says what is wrong with a prompt, and one loop,

@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from ..cache.base import KVCache
 from ..cache.paging import blocks_for
 from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
@@ -47,13 +48,15 @@ from ..device import compute_dtype, cpu_name, vector_instructions
 from ..fast import fuse, kernels_missing, paged_attention
 from ..fast.packed import KERNELS, pack, packing_kernel, packing_unavailable
 from ..generate import generate
+from ..measure.quality import top2_gap
 from ..paths import cache_dir
 from ..serve import Engine, Request, ServeReport
 from .vllm_worker import MARK
 
 __all__ = ["BLOCK_SIZE", "STEP_TOKENS", "REPEATS", "VLLM_ENV", "KVLIB_ENGINES", "ENGINES", "Stream", "default_model_dir",
            "streams", "vllm_python", "vllm_missing", "hf_state_dict", "export_hf", "fast_float32", "kvlib_engines", "kvlib_server",
-           "step_products", "standing", "run_kvlib", "VllmWorker", "run_vllm", "take_turns", "compare_tokens", "run", "summary", "main"]
+           "step_products", "STANDING_TOLERANCE", "standing", "run_kvlib", "VllmWorker", "run_vllm", "take_turns",
+           "compare_tokens", "closest_calls", "run", "summary", "main"]
 
 BLOCK_SIZE = 32           # vLLM's CPU attention wants a multiple of 32
 STEP_TOKENS = 4096        # tokens one step may run: kvlib's prefill_chunk, vLLM's max_num_batched_tokens
@@ -240,14 +243,20 @@ def step_products(model: torch.nn.Module, rows: int) -> Callable[[], list[torch.
     return products
 
 
-def standing(ratios: list[float]) -> str:
+STANDING_TOLERANCE = 0.02     # a round within 2 % of 1 is level, not a lead
+
+
+def standing(ratios: list[float], tolerance: float = STANDING_TOLERANCE) -> str:
     """Where a kvlib engine stood against vLLM over the rounds of a run (each round's ratio, vLLM's
-    time over kvlib's): ahead or behind only where every round agrees, otherwise level."""
-    if min(ratios) > 1:
+    time over kvlib's): ahead or behind only where every round lies beyond ``tolerance`` of 1 on
+    the same side, otherwise level."""
+    if min(ratios) > 1 + tolerance:
         return "ahead in every round"
-    if max(ratios) < 1:
+    if max(ratios) < 1 - tolerance:
         return "behind in every round"
-    return "level: rounds on both sides of 1"
+    if min(ratios) < 1 < max(ratios):
+        return "level: rounds on both sides of 1"
+    return f"level: a round within {tolerance * 100:g} % of 1"
 
 
 def run_kvlib(model: torch.nn.Module, stream: Stream, repeats: int = REPEATS, **options) -> dict:
@@ -361,6 +370,34 @@ def compare_tokens(model: torch.nn.Module, prompts: list[list[int]], ours: list[
         top = logits.topk(2).values
         found.append({"identical": False, "first_difference": at, "margin": float(top[0] - top[1])})
     return found
+
+
+def closest_calls(model: torch.nn.Module, prompts: list[list[int]], answers: list[list[int]],
+                  rows: int = 8) -> list[float]:
+    """:func:`kvlib.measure.closest_call` of each answer after its prompt, in fewer passes: the
+    prompts' common start goes once into a cache, then the rest of every request (its prompt's
+    remainder and its answer) runs ``rows`` requests at a time, padded on the right, where a
+    causal model's logits at a token never see the padding after it. The same logits as one
+    pass per request, up to the rounding of other shapes."""
+    shortest = min(len(p) for p in prompts)
+    common = next((i for i, column in enumerate(zip(*prompts)) if len(set(column)) > 1), shortest)
+    common = min(common, shortest - 1)                   # each prompt's last token is run, for its logits
+    rests = [list(p[common:]) + list(a[:-1]) for p, a in zip(prompts, answers)]
+    start = KVCache.for_model(model, max_len=max(common, 1))
+    if common:
+        with torch.no_grad():
+            model(torch.tensor([list(prompts[0][:common])], device=start.device), cache=start)
+    gaps = []
+    for at in range(0, len(rests), rows):
+        batch, width = rests[at:at + rows], max(len(r) for r in rests[at:at + rows])
+        cache = start.tiled(len(batch), room=width)
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in batch], device=start.device)
+        with torch.no_grad():
+            logits = model(ids, cache=cache, n_tokens=[len(r) for r in batch])
+        for i, (prompt, answer) in enumerate(zip(prompts[at:at + rows], answers[at:at + rows])):
+            first = len(prompt) - 1 - common                  # the logits that chose the answer's first token
+            gaps.append(float(top2_gap(logits[i, first:first + len(answer)].float()).min()))
+    return gaps
 
 
 def run(model: torch.nn.Module, tokenizer, gguf_path: Path, model_dir: Path, threads: int = 2,

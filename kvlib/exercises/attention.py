@@ -266,11 +266,10 @@ def _no_copies(exercise: str, fn: Callable, cases: list[Case]) -> None:
             raise CheckFailed(
                 f"{exercise}: case {i} of {len(cases)} ({case.name}): the result may be right, but {what}: "
                 f"every key/value head copied once per query head of its group ({group} copies), which is the "
-                f"memory grouped-query attention is there to save.\n  hint: view the queries as (batch, kv_heads, "
-                f"group, seq, d) and the keys and values as (batch, kv_heads, 1, seq, d) (k[:, :, None]) and let "
-                f"broadcasting pair them; and fold the group into the rows of the queries, (batch, kv_heads, "
-                f"group * seq, d), where a matmul would copy a broadcast operand (torch.matmul copies an "
-                f"expanded operand before it multiplies).")
+                f"memory grouped-query attention is there to save.\n  hint: view the queries so that no operand "
+                f"is broadcast: torch.matmul copies an expanded operand (such as k[:, :, None] against queries "
+                f"of shape (batch, kv_heads, group, seq, d)) before it multiplies. Could the query heads of a "
+                f"group be rows of one matrix per key/value head?")
 
 
 def check_gqa_attention(fn: Callable) -> None:

@@ -10,7 +10,8 @@
   seeded distributions, with the usual slips named;
 - 10.3, the tokens a verify step writes: ``tokens_per_verify(alphas)`` with an acceptance that
   changes along the draft, graded on seeded cases (zeros and ones among them), kvlib's own
-  refused; then a letter for where the extra token comes from when every draft passes;
+  refused; then a letter for when one more draft raises the speed-up (its added tokens per added cost
+  against the step's own, not against plain decoding's);
 - 10.4, fewer drafts a step: the verify steps the quote takes with k = 2, graded against the run,
   then a letter for why sampling keeps fewer of prompt lookup's drafts.
 """
@@ -24,8 +25,9 @@ import torch
 from .framework import (Case, CheckFailed, check_choice, check_prediction, diagnose, refuse_library_answer,
                         run_check, student_answer)
 
-__all__ = ["check_break_even", "check_both_rejected", "check_tokens_per_verify", "check_extra_token",
-           "check_lookup_steps", "check_sampled_acceptance", "BREAK_EVEN_CASE", "EXTRA_TOKEN_CHOICES", "SAMPLED_CHOICES"]
+__all__ = ["check_break_even", "check_both_rejected", "check_tokens_per_verify", "check_one_more_draft",
+           "check_lookup_steps", "check_sampled_acceptance", "BREAK_EVEN_CASE", "ONE_MORE_DRAFT_CHOICES",
+           "SAMPLED_CHOICES"]
 
 
 def _library_formulas() -> dict[str, Callable]:
@@ -218,23 +220,28 @@ def check_tokens_per_verify(fn: Callable) -> None:
               "second, its third? Add those chances up.")
 
 
-EXTRA_TOKEN_CHOICES = {
-    "a": (False, "the drafter has written only k tokens; a (k+1)-th draft would cost a draft step more, and the "
-                 "verify step would not have checked it."),
-    "b": (True, "the verify step fed the last token and the k drafts, and so computed the model's logits after "
-                "each of them, the last included: after k accepted drafts the model's own next token is already "
-                "there, for no extra step (drawn from p when sampling)."),
-    "c": (False, "nothing has to be rolled back when every draft passes; and a rolled-back cache holds no token to "
-                 "write."),
-    "d": (False, "the verify step of the next round starts from the last accepted token; the token after it comes "
-                 "from this round's logits, not the next round's."),
+ONE_MORE_DRAFT_CHOICES = {
+    "a": (False, "that sets the extra draft against plain decoding: it pays for itself, but the speed-up is a ratio, "
+                 "E·c / C, and adding ΔE on top and ΔC below raises it only if ΔE / ΔC beats E / C. (a) and (b) "
+                 "agree only at a speed-up of exactly 1; above it, a draft that clears (a) can still lower the "
+                 "speed-up: E = 4 tokens for C = 2c, one more draft adding 1.5 tokens for c, gives 5.5 / 3 < 2."),
+    "b": (True, "the speed-up is a ratio, E·c / C, and (E + ΔE) / (C + ΔC) > E / C exactly when ΔE / ΔC > E / C "
+                "(multiply out). One more draft must beat the tokens per cost the step already reaches, not plain "
+                "decoding's: the better the speed-up so far, the more a further draft must add. Below α = 1, "
+                "ΔE = α_1 ⋯ α_(k+1) shrinks with every draft while ΔC does not, which puts the best k inside the "
+                "range."),
+    "c": (False, "α_(k+1) is only the chance that the new draft passes once the others have; it adds that chance "
+                 "times the chance of getting there, α_1 ⋯ α_(k+1), and whether that is enough depends on what the "
+                 "draft costs, ΔC, which this rule leaves out."),
+    "d": (False, "the tokens do rise with every draft that can pass, but so does the cost: each draft costs a draft "
+                 "step and makes the verify step longer. The speed-up is their ratio."),
 }
 
 
-def check_extra_token(fn: Any) -> None:
-    """Exercise 10.3: the letter of where the (k+1)-th token of a step comes from when every draft passes."""
+def check_one_more_draft(fn: Any) -> None:
+    """Exercise 10.3: the letter of when one more draft raises the speed-up."""
     check_choice("Exercise 10.3", student_answer("Exercise 10.3", fn, "the letter of your choice"),
-                 EXTRA_TOKEN_CHOICES)
+                 ONE_MORE_DRAFT_CHOICES)
 
 
 # ---------------------------------------------------------------------------------------

@@ -337,8 +337,9 @@ def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Seq
     on its own, and the batch's parts are those of the step whose total is the median, so that
     one step slowed by the rest of the machine does not move the figures. A throwaway profiled
     step comes before all of them: the profiler's first session carries one-off costs. The
-    profile counts operators' time only: the Python between them, and the profiler's own cost,
-    are not in it, so a total lies a little under the same step timed without the profiler."""
+    profile counts operators' time only: the Python between them is not in it, while the
+    profiler adds its own cost to every operator, so a total comes near the same step timed
+    without the profiler, under or over it."""
     from torch.profiler import ProfilerActivity, profile
 
     if n_steps < 1 or warmup < 0:

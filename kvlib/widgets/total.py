@@ -72,7 +72,7 @@ def total_arithmetic_data(config: Config, lengths: Sequence[int], *, prompt_len:
 
 def _curves_svg(point: TotalPoint, width: int = 470, height: int = 210) -> str:
     """Running total of FLOPs against tokens generated: re-adding the list (uncached) versus
-    the running total (cached)."""
+    one new row per step (cached)."""
     left, right, top, bottom = 64, 120, 12, 36
     w, h = width - left - right, height - top - bottom
     x_max, y_max = max(point.n_tokens, 1), max(point.uncached, 1)
@@ -111,7 +111,7 @@ def render_total_view(point: TotalPoint, *, shapes: str = "") -> str:
     both ways, and a table of the totals and their ratios."""
     n = point.n_tokens
     rows = [
-        ["with the cache (the running total)", fmt_flops(point.cached), "1×"],
+        ["with the cache (one new row per step)", fmt_flops(point.cached), "1×"],
         ["without, logits at the last position only (as <code>kvlib.generate</code>)",
          fmt_flops(point.uncached), f"<b>{point.ratio:,.1f}×</b>"],
         ["without, logits at every position (a plain forward pass)", fmt_flops(point.uncached_all_logits),

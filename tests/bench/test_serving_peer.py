@@ -247,10 +247,20 @@ def test_the_engine_settings_translate_to_vllm_words():
 
 
 def test_standing_calls_a_lead_only_where_every_round_agrees():
-    assert serving_peer.standing([1.1, 1.02, 1.3]) == "ahead in every round"
-    assert serving_peer.standing([0.9, 0.99]) == "behind in every round"
+    assert serving_peer.standing([1.1, 1.03, 1.3]) == "ahead in every round"
+    assert serving_peer.standing([0.9, 0.97]) == "behind in every round"
     assert serving_peer.standing([1.02, 1.07, 0.92, 1.03, 0.99]) == "level: rounds on both sides of 1"
-    assert serving_peer.standing([1.33, 1.05, 1.0]) == "level: rounds on both sides of 1"     # a tie is no lead
+
+
+def test_standing_calls_a_round_within_two_percent_of_1_level():
+    """A round within STANDING_TOLERANCE of 1 is no lead: the stored run's help desk had rounds of
+    1.33, 1.05, 1.18, 1.0026 and 1.13, a 0.3 % round among them."""
+    assert serving_peer.STANDING_TOLERANCE == 0.02
+    assert serving_peer.standing([1.33, 1.05, 1.18, 1.0026, 1.13]) == "level: a round within 2 % of 1"
+    assert serving_peer.standing([1.33, 1.05, 1.0]) == "level: a round within 2 % of 1"       # a tie is no lead
+    assert serving_peer.standing([0.9, 0.99]) == "level: a round within 2 % of 1"
+    assert serving_peer.standing([1.021, 1.5]) == "ahead in every round"
+    assert serving_peer.standing([1.1, 1.01], tolerance=0.0) == "ahead in every round"
 
 
 def test_step_products_runs_every_weight_once_and_the_output_layer():
@@ -303,3 +313,17 @@ def test_the_benchmark_report_shows_the_serving_rows_or_why_not():
     lines = _serving({"serving": {"vllm": "0.32.0", "repeats": 3, "rows": summary(_record()),
                                   "identical": {"s/kvlib": [2, 2]}}})
     assert lines[-1] == "| s | kvlib | 8.0 | 4.0 | 2.40× | 200.0 ms / 200.0 ms (0.80×) | 33% / 33% | 2 of 2 |"
+
+
+@pytest.mark.parametrize("prompts", [[[1, 2, 3, 9], [1, 2, 3, 4, 5, 6], [1, 2, 3]],      # a shared start
+                                     [[1, 2, 3], [4, 5, 6, 7], [8]]])                   # none
+def test_closest_calls_are_closest_call_for_each_request(prompts):
+    """The page's closest call: the prompts' shared start run once, the rest in padded batches,
+    gives each request's closest_call (one pass over it), up to rounding."""
+    from kvlib.measure import closest_call
+
+    torch.manual_seed(0)
+    model = kvlib.Decoder(kvlib.Config.tiny()).eval()
+    answers = [[3, 4], [5], [6, 7, 8]]
+    expected = [closest_call(model, p, a) for p, a in zip(prompts, answers)]
+    assert serving_peer.closest_calls(model, prompts, answers, rows=2) == pytest.approx(expected, abs=1e-5)

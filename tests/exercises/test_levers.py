@@ -9,12 +9,12 @@ from kvlib.exercises import CheckFailed
 import kvlib
 from kvlib.cache.model_shapes import MODEL_SHAPES
 from kvlib.cache.sizes import weight_bytes
-from kvlib.exercises.levers import (FIRST_LEVER_CASE, FIRST_LEVER_CHOICES, check_compute_bound_speedup,
-                                    check_first_lever, check_first_lever_explanation, check_users_that_fit,
-                                    first_lever)
+from kvlib.exercises.levers import (COMPUTE_BOUND_CASE, FIRST_LEVER_CASE, FIRST_LEVER_CHOICES,
+                                    check_compute_bound_speedup, check_first_lever, check_first_lever_explanation,
+                                    check_users_that_fit, first_lever)
 from kvlib.measure.levers import Scenario, best_lever, levers
 from kvlib.measure.speculation import tokens_per_step
-from kvlib.widgets.levers import LEVER_CONTEXTS, LEVER_USERS
+from kvlib.widgets.levers import ALPHAS, DRAFTS, LEVER_CONTEXTS, LEVER_USERS
 
 
 def _stub():
@@ -25,7 +25,7 @@ def test_the_references_pass(capsys):
     check_users_that_fit(lambda: int((48e9 - 2 * 8.03e9) // (2 * 32 * 8 * 128 * 2 * 16384)))
     check_first_lever(lambda: "c")
     check_first_lever_explanation(lambda: "a")
-    check_compute_bound_speedup(lambda: sum(0.7 ** i for i in range(5)) / 5)
+    check_compute_bound_speedup(lambda: sum(0.8 ** i for i in range(4)) / 4)
     assert capsys.readouterr().out.count("✓") == 4
 
 
@@ -79,9 +79,21 @@ def test_wrong_reasons_are_told_why(letter):
 
 def test_compute_bound_names_the_memory_bound_answer_and_refuses_kvlib():
     with pytest.raises(CheckFailed, match="a memory-bound step"):
-        check_compute_bound_speedup(lambda: sum(0.7 ** i for i in range(5)))
+        check_compute_bound_speedup(lambda: sum(0.8 ** i for i in range(4)))
     with pytest.raises(CheckFailed, match="kvlib's `tokens_per_step`"):
-        check_compute_bound_speedup(lambda: tokens_per_step(0.7, 4) / 5)
+        check_compute_bound_speedup(lambda: tokens_per_step(0.8, 3) / 4)
+
+
+def test_the_page_does_not_print_the_compute_bound_case():
+    """11.3's α and k are neither the page's scenario (whose CPU table prints (e) and (f), both
+    compute-bound on a CPU with a low ridge point: their ratio would be the answer) nor a point of
+    the assumptions widget's grid; the page's own case gives another speed-up."""
+    case = COMPUTE_BOUND_CASE
+    page = Scenario("SmolLM2-135M", "NVIDIA H100 SXM", users=8, context=2048)
+    assert (case["alpha"], case["k"]) != (page.alpha, page.drafts)
+    assert case["alpha"] not in ALPHAS and case["k"] not in DRAFTS
+    assert abs(tokens_per_step(case["alpha"], case["k"]) / (case["k"] + 1)
+               - tokens_per_step(page.alpha, page.drafts) / (page.drafts + 1)) > 0.05
 
 
 @pytest.mark.parametrize("check", [check_users_that_fit, check_compute_bound_speedup, check_first_lever])

@@ -35,15 +35,29 @@ def _stub():
 
 
 @pytest.mark.slow
-def test_the_help_desk_reference_is_what_the_engine_computes(streams, capsys):
+@pytest.mark.parametrize("block_size, new_tokens", [(32, 2), (16, 1)])
+def test_the_help_desk_reference_is_what_the_engine_computes(streams, capsys, block_size, new_tokens):
+    """Blocks of 32 are the stored run's (the page's table prints that count); the exercise asks for
+    blocks of 16, and the page's experiment serves one new token each."""
     desk = streams[1]
-    engine = Engine(_engine_model(), max_batch=desk.max_batch, block_size=32, prefill_chunk=4096, prefix_caching=True)
+    engine = Engine(_engine_model(), max_batch=desk.max_batch, block_size=block_size, prefill_chunk=4096,
+                    prefix_caching=True)
     with torch.no_grad():
-        report = engine.serve([Request(p, 2) for p in desk.prompts])
-    assert report.prefill_tokens == help_desk_reference(desk.prompts, 32)
-    check_help_desk_computed(lambda: report.prefill_tokens, desk)
+        report = engine.serve([Request(p, new_tokens) for p in desk.prompts])
+    assert report.prefill_tokens == help_desk_reference(desk.prompts, block_size)
+    check_help_desk_computed(lambda: report.prefill_tokens, desk, block_size=block_size)
     check_first_wave_explanation(lambda: "a")
     assert capsys.readouterr().out.count("✓") == 2
+
+
+@pytest.mark.slow
+def test_the_exercise_asks_for_a_count_the_page_does_not_print(streams):
+    """The table under *Both engines' reports* prints the count for blocks of 32; the exercise's
+    blocks of 16 give another."""
+    desk = streams[1]
+    assert help_desk_reference(desk.prompts, 16) != help_desk_reference(desk.prompts, 32)
+    with pytest.raises(CheckFailed):
+        check_help_desk_computed(lambda: help_desk_reference(desk.prompts, 32), desk, block_size=16)
 
 
 @pytest.mark.slow
@@ -56,6 +70,10 @@ def test_the_help_desk_slips_are_named(streams):
         check_help_desk_computed(lambda: whole - 15 * 210, desk)
     with pytest.raises(CheckFailed, match="write your prediction|not written yet"):
         check_help_desk_computed(_stub, desk)
+    with pytest.raises(CheckFailed, match="the first wave's 8 requests do not each compute"):
+        check_help_desk_computed(lambda: whole - 8 * 208, desk, block_size=16)
+    with pytest.raises(CheckFailed, match="only whole blocks are cached"):
+        check_help_desk_computed(lambda: whole - 15 * 210, desk, block_size=16)
 
 
 def test_the_engine_is_refused_as_the_answer():

@@ -1,6 +1,6 @@
 """The checks of section 10 (10.1 where a draft stops paying, 10.2 two candidates for one position, 10.3
-the tokens a verify step writes): the reference passes, stubs fail, the usual mistakes fail with the
-message that names them, and kvlib's own formulas are refused."""
+the tokens a verify step writes, and when one more draft pays): the reference passes, stubs fail, the
+usual mistakes fail with the message that names them, and kvlib's own formulas are refused."""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvlib.exercises import CheckFailed
-from kvlib.exercises.speculative import (EXTRA_TOKEN_CHOICES, check_both_rejected, check_break_even,
-                                         check_extra_token, check_tokens_per_verify)
+from kvlib.exercises.speculative import (ONE_MORE_DRAFT_CHOICES, check_both_rejected, check_break_even,
+                                         check_one_more_draft, check_tokens_per_verify)
 from kvlib.measure.speculation import predicted_speedup, tokens_per_step
 
 
@@ -43,7 +43,7 @@ def test_the_references_pass(capsys):
     check_break_even(lambda: 0.366)
     check_both_rejected(both_rejected)
     check_tokens_per_verify(tokens_per_verify)
-    check_extra_token(lambda: "b")
+    check_one_more_draft(lambda: "b")
     assert capsys.readouterr().out.count("✓") == 5
 
 
@@ -110,10 +110,10 @@ def test_stubs_fail(check):
         check(_stub)
 
 
-@pytest.mark.parametrize("letter", [k for k, (right, _) in EXTRA_TOKEN_CHOICES.items() if not right])
+@pytest.mark.parametrize("letter", [k for k, (right, _) in ONE_MORE_DRAFT_CHOICES.items() if not right])
 def test_wrong_letters_are_told_why(letter):
     with pytest.raises(CheckFailed):
-        check_extra_token(lambda: letter)
+        check_one_more_draft(lambda: letter)
 
 
 def test_lookup_steps_grades_against_the_run_and_names_the_slips(capsys):
@@ -132,3 +132,11 @@ def test_lookup_steps_grades_against_the_run_and_names_the_slips(capsys):
         if not right:
             with pytest.raises(CheckFailed):
                 check_sampled_acceptance(lambda: letter)
+
+
+def test_one_more_draft_rule_holds_on_numbers():
+    """The rule (b) the check grades right: a draft that clears (a) can still lower the speed-up."""
+    e, c_cost, de, dc = 4.0, 2.0, 1.5, 1.0              # E tokens for C plain steps; one more draft adds ΔE for ΔC
+    assert de > dc                                       # rule (a): it pays for itself against plain decoding
+    assert (e + de) / (c_cost + dc) < e / c_cost         # yet the speed-up falls
+    assert not de / dc > e / c_cost                      # and rule (b) says so
