@@ -63,8 +63,9 @@ STEP_TOKENS = 4096        # tokens one step may run: kvlib's prefill_chunk, vLLM
 REPEATS = 5               # rounds: timed runs of each stream on each engine, in turns
 # vLLM at its best on a small CPU: its engine core in the calling process (by default it is a
 # process of its own, which on two cores competes with the model's threads: the chat stream took
-# 3.6 s that way against 2.7 s in-process on the Intel Xeon of the stored run), its threads not
-# pinned to cores (as kvlib's are not), its KV pool 1 GiB (20,000 tokens of this model).
+# 3.6 s that way against 2.7 s in-process on a two-core Intel Xeon with AMX, 2026-12-03, in the
+# CHANGELOG), its threads not pinned to cores (as kvlib's are not), its KV pool 1 GiB (20,000
+# tokens of this model).
 VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # kvlib's two ways of serving the streams, by their keys in the record: the Engine on the model as
 # the chapter loads it, eager; and as vLLM runs its model (kvlib_engines).

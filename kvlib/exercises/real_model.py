@@ -143,9 +143,9 @@ SPEEDUP_CHOICES = {
                 "weight of the model for one token's worth of arithmetic, while an uncached step reuses every "
                 "weight it reads for hundreds of tokens. The cached loop therefore runs at far fewer FLOP/s, and "
                 "its time shrinks by less than its arithmetic (section 4: memory-bound against compute-bound)."),
-    "b": (False, "The cache is small next to the weights at these lengths: at the sweep's longest, 512 + 16 "
-                 "tokens, SmolLM2's float32 cache holds 2 × 30 layers × 3 kv heads × 64 × 4 bytes × 528 ≈ 24 MB, "
-                 "under a twentieth of the ≈ 540 MB of weights every step reads. Reading it is a small part of "
+    "b": (False, "The cache is small next to the weights at these lengths: at the sweep's longest, 256 + 16 "
+                 "tokens, SmolLM2's float32 cache holds 2 × 30 layers × 3 kv heads × 64 × 4 bytes × 272 ≈ 12.5 MB, "
+                 "under a fortieth of the ≈ 540 MB of weights every step reads. Reading it is a small part of "
                  "a cached step; the weights are the rest (answer (a))."),
     "c": (False, "Writing a token's keys and values into the cache copies a few kilobytes per layer: a sliver of "
                  "a step, not half of the time."),
