@@ -7,10 +7,15 @@ optional compiled step). Each other subject has a folder of its own:
 - :mod:`kvlib.cache`: the KV caches and the memory they take;
 - :mod:`kvlib.serve`: many sequences at once: batched generation, static and continuous batching;
 - :mod:`kvlib.smollm2`: the real model, SmolLM2-135M-Instruct, read from its GGUF file;
-- :mod:`kvlib.measure`: time, arithmetic, memory and quality measurements, the benchmark;
+- :mod:`kvlib.quant`: the weights in 8 and 4 bits, one layer per format;
+- :mod:`kvlib.speculative`: speculative decoding's draft and verify steps;
+- :mod:`kvlib.measure`: time, arithmetic, memory and quality measurements;
 - :mod:`kvlib.widgets`: the notebooks' widgets and plots;
 - :mod:`kvlib.exercises`: the checks of the exercises, one file per section;
-- :mod:`kvlib.data`: the texts the real model runs on.
+- :mod:`kvlib.data`: the texts the real model runs on;
+- :mod:`kvlib.ops`: kvlib's operators, each declared once;
+- :mod:`kvlib.fast` (the fast path's kernels and speed knobs) and :mod:`kvlib.bench` (the
+  benchmark), a wing on top of everything else.
 
 Imports run one way: the decoder and its caches import nothing from measure, widgets or
 exercises. Importing ``kvlib`` loads no model and downloads nothing; the real-model names

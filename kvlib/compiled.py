@@ -44,21 +44,6 @@ from .paths import cache_dir
 # passed by the caller of compiled_decode_step.
 COMPILE_OPTIONS = {"emulate_precision_casts": True, "size_asserts": False}
 
-_OPS = torch.library.Library("kvlib", "FRAGMENT")     # kvlib's operators (define_op), kept alive with the module
-
-
-def define_op(name: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``torch.ops.kvlib.<name>``: ``fn`` (type-hinted; it returns a new tensor and changes none of
-    its arguments) as an operator that ``torch.compile`` calls as it is, knowing its result's shape
-    from ``fake``. Registered directly, for every device, as vLLM's ``direct_register_custom_op``
-    does: ``torch.library.custom_op`` would wrap each call in dispatching logic that costs several
-    microseconds, and the engine's compiled pass calls these operators a few hundred times a step."""
-    _OPS.define(name + torch.library.infer_schema(fn, mutates_args=()))
-    _OPS.impl(name, fn, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"kvlib::{name}", fake, lib=_OPS)
-    return getattr(torch.ops.kvlib, name)
-
-
 def compile_cache_dir() -> Path:
     """Where torch.compile keeps the code it compiles: ``TORCHINDUCTOR_CACHE_DIR`` when set, else
     ``torch-compile/<CPU>/<operators>`` in kvlib's folder (:func:`kvlib.paths.cache_dir`), which it
@@ -86,17 +71,14 @@ def compile_cache_dir() -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-# The files that tell torch.compile what kvlib's operators return (their fakes), by path from kvlib's folder.
-OPS_SOURCES = ["compiled.py", "serve/compiled.py", "fast/kernels.py", "fast/packed.py"]
-
-
 def ops_tag() -> str:
-    """The version of kvlib's operators, as a folder name: ``ops-1a2b3c4d``, a hash of :data:`OPS_SOURCES`."""
+    """The version of kvlib's operators, as a folder name: ``ops-1a2b3c4d``, a hash of
+    :mod:`kvlib.ops`, where every operator and what it returns (its fake) is declared."""
     import hashlib
 
-    root = Path(__file__).parent
-    text = "".join((root / name).read_text() for name in OPS_SOURCES)
-    return "ops-" + hashlib.sha256(text.encode()).hexdigest()[:8]
+    from . import ops
+
+    return "ops-" + hashlib.sha256(Path(ops.__file__).read_bytes()).hexdigest()[:8]
 
 
 def cpu_tag() -> str:

@@ -219,8 +219,22 @@ class Decoder(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def weight_bytes(self) -> int:
-        """The bytes of the weights as the model holds them: its parameters, and the buffers that
-        quantized layers keep their weights in (RoPE's tables aside, which are no weights). What a
-        step reads, and what the roofline counts, whatever the format."""
-        return (sum(p.numel() * p.element_size() for p in self.parameters())
-                + sum(b.numel() * b.element_size() for name, b in self.named_buffers() if not name.startswith("rope.")))
+        """The bytes of weights a one-token decode step reads, whatever the format: each layer's
+        parameters and the buffers quantized layers keep their weights in, each tensor once; of a
+        layer that also keeps another copy for steps of many rows, only what one row reads (its
+        ``step_bytes()``); the embedding whole when it is the output layer too, else its one row.
+        RoPE's tables are no weights. What the roofline counts."""
+        seen: set[int] = set()
+
+        def read(module: nn.Module) -> int:
+            if hasattr(module, "step_bytes"):
+                return module.step_bytes()
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            fresh = [t for t in own if id(t) not in seen and not seen.add(id(t))]
+            return sum(t.numel() * t.element_size() for t in fresh) + sum(read(c) for c in module.children())
+
+        total = sum(read(m) for name, m in self.named_children() if name not in ("embed", "rope"))
+        table = self.embed.weight
+        if self.lm_head is None or id(table) in seen:                   # the output layer reads it whole
+            return total + (0 if id(table) in seen else table.numel() * table.element_size())
+        return total + table[0].numel() * table.element_size()          # one row a token

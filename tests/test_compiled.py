@@ -147,22 +147,6 @@ def test_compile_seconds_are_kept(model):
     assert step.compile_seconds is not None and step.compile_seconds > 0
 
 
-def test_a_change_to_what_kvlibs_operators_return_compiles_anew(monkeypatch, tmp_path):
-    """torch's cache knows kvlib's operators by name only: code compiled against an operator's old
-    fake (its result's shape and layout) must not be loaded once the fake changes."""
-    import kvlib.compiled as kc
-
-    for name in kc.OPS_SOURCES:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text((Path(kc.__file__).parent / name).read_text())
-    monkeypatch.setattr(kc, "__file__", str(tmp_path / "compiled.py"))
-    before = kc.ops_tag()
-    assert before == kc.ops_tag() and before.startswith("ops-")
-    fakes = tmp_path / "serve" / "compiled.py"
-    fakes.write_text(fakes.read_text().replace("lambda q, k, v, layer: _result(q)", "lambda q, k, v, layer: q.new_empty(q.shape)"))
-    assert kc.ops_tag() != before
-
-
 def test_torchs_own_default_folder_does_not_keep_kvlibs_out(monkeypatch, tmp_path):
     """Importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR to torch's default: kvlib's folder wins
     over that, as over an unset variable (a broken copy that kept it compiled into the shared

@@ -22,12 +22,13 @@ MODULES = sorted(p for p in ROOT.rglob("*.py"))
 # What a learner reads: the decoder at the top and the subjects it is built from. None of it imports
 # the apparatus (measuring, widgets, exercises) or the benchmark's wing: `kvlib.fast` (the fast
 # path's speed knobs) and `kvlib.bench` (the benchmark), on top of everything.
-LESSON = ["config.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
+LESSON = ["config.py", "ops.py", "rope.py", "attention.py", "model.py", "generate.py", "compiled.py", "checks.py",
           "clock.py", "device.py", "paths.py", "rounding.py", "speculative.py", "cache", "serve", "quant", "smollm2", "data"]
 APPARATUS = ("kvlib.measure", "kvlib.widgets", "kvlib.exercises", "kvlib.fast", "kvlib.bench")
 # The layers, lowest first: a unit may import its own layer and those below, never one above.
 LAYERS = [
-    {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.paths", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data"},
+    {"kvlib.checks", "kvlib.clock", "kvlib.device", "kvlib.paths", "kvlib.config", "kvlib.rounding", "kvlib.rope", "kvlib.data",
+     "kvlib.ops"},
     {"kvlib.attention"},
     {"kvlib.cache"},
     {"kvlib.model", "kvlib.compiled"},

@@ -46,6 +46,7 @@ from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
 from ..fast import fuse, kernels_missing, paged_attention
+from ..fast.kernels import load
 from ..fast.packed import KERNELS, pack, packing_kernel, packing_unavailable
 from ..generate import generate
 from ..measure.quality import top2_gap
@@ -192,7 +193,7 @@ def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Modu
     fast, layout = fast_float32(model)
     missing = compiler_missing()
     layout += "; compiled" if missing is None else f"; not compiled: {missing}"
-    kernel = kernels_missing()
+    kernel = None if load() else kernels_missing()
     layout += "; paged-attention kernel" if kernel is None else f"; no paged-attention kernel: {kernel}"
     options = {"compile": missing is None, "paged_attention": paged_attention if kernel is None else None}
     return {"kvlib": (model, {}), "kvlib_fast": (fast, options)}, layout

@@ -30,7 +30,10 @@ that every choice writes the model's own greedy tokens up to near-ties.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
@@ -89,9 +92,9 @@ def dense_candidates() -> list[str]:
 
 def layer_candidates(layers: Sequence[Int4Linear]) -> dict[str, list[nn.Module]]:
     """The packed kernels for ``layers``: PyTorch's int4 kernel (the layers themselves), and kvlib's
-    Q4_1 kernel where it can be built here (:func:`kvlib.fast.kernels.kernels_missing`)."""
+    Q4_1 kernel where it builds here (:func:`kvlib.fast.kernels.load`)."""
     out: dict[str, list[nn.Module]] = {"int4": list(layers)}
-    if kernels.kernels_missing() is None and all(layer.group_size == kernels.BLOCK for layer in layers):
+    if kernels.load() and all(layer.group_size == kernels.BLOCK for layer in layers):
         out["q4_1"] = [Q4_1Linear.from_int4(layer) for layer in layers]
     return out
 
@@ -101,7 +104,7 @@ def output_candidates(model: nn.Module) -> dict[str, nn.Module]:
     Q8_0 blocks where kvlib's kernels can be built here."""
     weight = model.embed.weight.detach().float()
     out: dict[str, nn.Module] = {"tied": TiedHead(model.embed), "int8": Int8Linear.from_weight(weight)}
-    if kernels.kernels_missing() is None:
+    if kernels.load():
         out["q8_0"] = Q8_0Linear(weight)
     return out
 
@@ -205,7 +208,7 @@ def machine_key(model: nn.Module) -> str:
     """What the measurement depends on: the CPU, its vector instructions as PyTorch uses them, the
     threads, PyTorch's version, whether kvlib's kernels are built here, and the model's shapes."""
     shapes = sorted({(m.out_features, m.in_features) for m in model.modules() if isinstance(m, Int4Linear)})
-    ours = "kvlib kernels: " + (kernels.simd() if kernels.kernels_missing() is None else "none")
+    ours = "kvlib kernels: " + (kernels.simd() if kernels.load() else "none")
     return (f"{MEASURED_AS} | {cpu_name()} | {torch.backends.cpu.get_cpu_capability()} | {torch.get_num_threads()} threads | "
             f"torch {torch.__version__} | {ours} | {model.embed.weight.dtype} | vocab {model.config.vocab_size} x "
             f"{model.config.d_model} | {shapes}")
@@ -221,16 +224,40 @@ def kernel_choice(model: nn.Module, *, refresh: bool = False, timer: Timer = MED
     read from :func:`choice_path` when measured before here, else measured now (several seconds)
     and kept. ``refresh=True`` measures again."""
     key = machine_key(model)
-    path = choice_path()
-    kept = json.loads(path.read_text()) if path.exists() else {}
+    kept = _read_choices(choice_path())
     if key in kept and not refresh:
         return KernelChoice(**kept[key])
     output_ms, layers_ms, output_rows_ms = measure_kernels(model, timer=timer)
     choice = choose(output_ms, layers_ms, key, output_rows_ms)
-    kept[key] = asdict(choice)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(kept, indent=1) + "\n")
+    _write_choices(choice_path(), {**_read_choices(choice_path()), key: asdict(choice)})
     return choice
+
+
+def _read_choices(path: Path) -> dict[str, dict]:
+    """The choices kept in ``path``; ``{}`` (with a warning) when it is unreadable or not a choice file."""
+    try:
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        if isinstance(kept, dict) and all(isinstance(v, dict) and set(v) == {f.name for f in fields(KernelChoice)} for v in kept.values()):
+            return kept
+        problem = "it does not hold kernel choices"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problem = str(err)
+    warnings.warn(f"kvlib ignores its kernel choices in {path} ({problem}) and measures again; "
+                  "delete the file to stop this warning", stacklevel=3)
+    return {}
+
+
+def _write_choices(path: Path, kept: dict[str, dict]) -> None:
+    """Write ``kept`` to ``path`` whole or not at all (a reader never sees half a file); where the
+    folder cannot be written, warn and go on: the choice holds for this process."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            tmp.write(json.dumps(kept, indent=1) + "\n")
+        os.replace(tmp.name, path)
+    except OSError as err:
+        warnings.warn(f"kvlib could not keep its kernel choice in {path} ({err}); it will measure again in the "
+                      "next process. Set KVLIB_CACHE_DIR to a folder it can write.", stacklevel=3)
 
 
 @torch.no_grad()
@@ -239,7 +266,7 @@ def apply_choice(model: nn.Module, choice: KernelChoice) -> nn.Module:
     a :class:`KernelSwitch` of the chosen packed kernel and, from ``dense_from`` rows on, its weight
     dequantized once in the chosen dtype (built now, not inside a compiled step)."""
     needs_ours = choice.layer_kernel == "q4_1" or choice.output_layer == "q8_0"
-    if needs_ours and kernels.kernels_missing() is not None:
+    if needs_ours and not kernels.load():
         raise RuntimeError(f"this choice runs kvlib's own kernels, which are not available here: "
                            f"{kernels.kernels_missing()}. Measure again: kernel_choice(model, refresh=True)")
     packed = {"int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}

@@ -189,15 +189,22 @@ at::Tensor quantize_rows(const at::Tensor& x) {
   return out;
 }
 
-void check(const at::Tensor& x, const at::Tensor& w, int64_t n, int64_t block_bytes, const char* name) {
+template <typename Block>
+void check(const at::Tensor& x, const at::Tensor& w, int64_t n, const char* name) {
+  constexpr int64_t block_bytes = sizeof(Block);
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), name, ": x and w must be CPU tensors");
   TORCH_CHECK(x.dim() >= 1 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16), name,
               ": x must be a float32 or bfloat16 (..., in) tensor, got ", x.sizes(), " ", x.scalar_type());
   const int64_t k = x.size(-1);
-  TORCH_CHECK(k % QK == 0, name, ": the input width ", k, " must be a multiple of 32");
+  TORCH_CHECK(k > 0 && k % QK == 0, name, ": the input width (x's last size) must be a positive multiple of 32, got ",
+              k);
+  TORCH_CHECK(n >= 0, name, ": n, the number of outputs, must be at least 0, got ", n);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(0) == n &&
               w.size(1) == k / QK * block_bytes, name, ": w must be contiguous uint8 (", n, ", ", k / QK * block_bytes,
-              ") blocks for ", n, " outputs of ", k, " inputs, got ", w.sizes());
+              ") blocks for ", n, " outputs of ", k, " inputs, got ", w.sizes(), " ", w.scalar_type());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % alignof(Block) == 0, name, ": w's blocks must start at a ",
+              "multiple of ", alignof(Block), " bytes (its half-precision scales); w is a view at an odd byte: ",
+              "pass w.clone()");
 }
 
 // The R-row kernels, from one template, chosen by how many activation rows are left.
@@ -231,13 +238,13 @@ at::Tensor blocks_mm(const at::Tensor& x, const at::Tensor& w, int64_t n, const 
 }
 
 at::Tensor q4_1_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  check(x, w, n, sizeof(BlockQ4_1), "kvlib_cpu::q4_1_mm");
+  check<BlockQ4_1>(x, w, n, "kvlib_cpu::q4_1_mm");
   static const RowKernel<BlockQ4_1> rows[ROWS] = {q4_1_row<1>, q4_1_row<2>, q4_1_row<3>, q4_1_row<4>};
   return blocks_mm<BlockQ4_1>(x, w, n, rows);
 }
 
 at::Tensor q8_0_mm(const at::Tensor& x, const at::Tensor& w, int64_t n) {
-  check(x, w, n, sizeof(BlockQ8_0), "kvlib_cpu::q8_0_mm");
+  check<BlockQ8_0>(x, w, n, "kvlib_cpu::q8_0_mm");
   static const RowKernel<BlockQ8_0> rows[ROWS] = {q8_0_row<1>, q8_0_row<2>, q8_0_row<3>, q8_0_row<4>};
   return blocks_mm<BlockQ8_0>(x, w, n, rows);
 }
@@ -252,11 +259,10 @@ std::string simd() {
 
 }  // namespace
 
-TORCH_LIBRARY(kvlib_cpu, m) {
-  m.def("q4_1_mm(Tensor x, Tensor w, int n) -> Tensor");
-  m.def("q8_0_mm(Tensor x, Tensor w, int n) -> Tensor");
-  m.def("quantize_rows(Tensor x) -> Tensor");
-  m.def("simd() -> str", &simd);             // which code this build runs: "avx2" or "plain loops"
+// The operators are declared, with what torch.compile sees them return, in kvlib/ops.py; this
+// library registers their implementations only.
+TORCH_LIBRARY_FRAGMENT(kvlib_cpu, m) {
+  m.impl("simd", &simd);                     // which code this build runs: "avx2" or "plain loops"
 }
 
 TORCH_LIBRARY_IMPL(kvlib_cpu, CPU, m) {

@@ -5,20 +5,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops
+
 __all__ = ["matvec", "TiedHead"]
 
 
-@torch.library.custom_op("kvlib::matvec", mutates_args=())
-def matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
     """``torch.mv(matrix, vector)``, kept whole under ``torch.compile``, which would otherwise write
     it out as products and a sum, and fuse the norm before it into every one of its rows.
     (No gradient formula: :class:`TiedHead` uses it only where none is asked for.)"""
     return torch.mv(matrix, vector)
 
 
-@matvec.register_fake
-def _(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
-    return matrix.new_empty(matrix.shape[0])                               # (rows,)
+matvec = ops.implement("kvlib::matvec", _matvec)          # declared, with its fake, in kvlib.ops
 
 
 class TiedHead(nn.Module):

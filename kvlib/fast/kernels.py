@@ -11,13 +11,23 @@ which is also the output layer). On an x86 CPU with AVX2 the dot products are AV
 products (``_mm256_maddubs_epi16``); elsewhere plain loops.
 
 :func:`kernels_missing` says why they cannot be used here (no C++ compiler, a failed build), or
-``None``; :func:`load` builds them once (a few seconds) and registers ``torch.ops.kvlib_cpu``.
+``None``, and builds nothing; :func:`load` builds them once (a few seconds) and loads their
+implementations of the ``torch.ops.kvlib_cpu`` operators that :mod:`kvlib.ops` declares.
+
+Why not ``torch.utils.cpp_extension.load``: it needs ninja (one more package to install), and
+it builds a Python extension keyed by a name and the sources, in one folder for every machine
+that shares the home folder. What it gives that matters here is copied: the library is built
+aside and moved into place, one process at a time (a file lock, which a dead process releases),
+with torch's C++ ABI, in a folder keyed by the architecture, the OS, the compiler and its
+version as well as the sources and the vector flags (:func:`library_path`).
 :func:`reference_mm` is the same arithmetic in PyTorch, which the tests compare them with. The
 fast path (:mod:`kvlib.fast.choose`) measures them against PyTorch's kernels and uses them where
 they win; nothing else depends on them.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import platform
@@ -29,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from .. import ops  # noqa: F401  (declares the operators these kernels implement)
 from ..device import cpu_flags
 from ..paths import cache_dir
 
@@ -42,6 +53,8 @@ BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}        # ggml's block_q4_1 and block_q8_0
 ENV_SIMD = "KVLIB_KERNELS_SIMD"               # "off": plain loops even where AVX2 exists; "avx2": no AVX-512
 _LIB = "libkvlib_cpu_kernels.so"
 _state: dict[str, object] = {}                # "loaded": path, or "error": why not
+NO_COMPILER = ("kvlib's CPU kernels need a C++ compiler and found none (Debian/Ubuntu: apt install g++; "
+               "macOS: xcode-select --install; or set CXX)")
 
 
 def compiler() -> str | None:
@@ -76,42 +89,77 @@ def _command(cxx: str, out: Path, openmp: bool) -> list[str]:
     return cmd
 
 
+@functools.lru_cache(maxsize=None)
+def compiler_version(cxx: str) -> str:
+    """The first line of ``cxx --version`` (``"g++ (Debian 12.2.0-14) 12.2.0"``), or ``""``."""
+    try:
+        run = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (run.stdout.splitlines() or [""])[0].strip()
+
+
 def library_path() -> Path:
-    """Where the built kernels are kept: kvlib's folder, ``kernels/``, one file per source, torch
-    version, compiler and vector flags (so that a change of any of them builds again)."""
-    key = "|".join([*(s.read_text() for s in SOURCES + HEADERS), torch.__version__, compiler() or "", " ".join(simd_flags())])
+    """Where the built kernels are kept: kvlib's folder, ``kernels/<key>/``, the key a hash of the
+    sources, torch's version and C++ ABI, the machine's architecture and OS, the compiler and its
+    version, and the vector flags: a change of any of them builds again, and machines of different
+    kinds sharing one home folder keep a library each."""
+    cxx = compiler() or ""
+    abi = str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", ""))
+    key = "|".join([*(s.read_text() for s in SOURCES + HEADERS), torch.__version__, abi, platform.machine(),
+                    sys.platform, cxx, compiler_version(cxx) if cxx else "", " ".join(simd_flags())])
     return cache_dir() / "kernels" / hashlib.sha256(key.encode()).hexdigest()[:16] / _LIB
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """Held by one process at a time (``fcntl.flock``, released by the system if the process dies):
+    a second process that wants the same build waits for the first, then finds the library built.
+    Where ``fcntl`` is missing (Windows), no lock: each builds aside and the last one's rename wins."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build(path: Path) -> None:
     cxx = compiler()
     if cxx is None:
-        raise RuntimeError("kvlib's CPU kernels need a C++ compiler and found none (Debian/Ubuntu: apt install g++; "
-                           "macOS: xcode-select --install)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:      # built aside, then moved: another process
-        out = Path(tmp) / _LIB                                       # loading it meanwhile sees all or nothing
-        errors = ""
-        for openmp in (True, False):                                 # without OpenMP (some Mac compilers): one thread
-            run = subprocess.run(_command(cxx, out, openmp), capture_output=True, text=True)
-            if run.returncode == 0:
-                os.replace(out, path)
-                return
-            errors = run.stderr[:2000]
-        raise RuntimeError(f"building kvlib's CPU kernels with {cxx} failed:\n{errors}")
+        raise RuntimeError(NO_COMPILER)
+    with _build_lock(path.parent):
+        if path.exists():                                            # another process built it meanwhile
+            return
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:    # built aside, then moved: another process
+            out = Path(tmp) / _LIB                                   # loading it meanwhile sees all or nothing
+            errors = ""
+            for openmp in (True, False):                             # without OpenMP (some Mac compilers): one thread
+                run = subprocess.run(_command(cxx, out, openmp), capture_output=True, text=True)
+                if run.returncode == 0:
+                    os.replace(out, path)
+                    return
+                errors = run.stderr[:2000]
+    raise RuntimeError(f"building kvlib's CPU kernels with {cxx} ({compiler_version(cxx)}) failed:\n{errors}")
 
 
 def load() -> bool:
-    """Build (once per machine) and load the kernels; ``True`` when ``torch.ops.kvlib_cpu`` is ready,
-    ``False`` when they cannot be used here (:func:`kernels_missing` says why)."""
+    """Build (once per machine, a few seconds) and load the kernels: ``True`` when
+    ``torch.ops.kvlib_cpu`` runs them, ``False`` when they cannot be used here
+    (:func:`kernels_missing` then says why). Call it where the kernels are about to be used."""
     if "loaded" in _state or "error" in _state:
         return "loaded" in _state
     try:
         path = library_path()
         if not path.exists():
             _build(path)
-        torch.ops.load_library(str(path))
-        _register_fakes()
+        torch.ops.load_library(str(path))          # their implementations, for the operators kvlib.ops declares
         _state["loaded"] = path
     except (RuntimeError, OSError) as err:
         _state["error"] = str(err)
@@ -119,31 +167,32 @@ def load() -> bool:
 
 
 def kernels_missing() -> str | None:
-    """Why kvlib's CPU kernels cannot be used here (building them if they were not yet), or ``None``."""
-    return None if load() else str(_state["error"])
+    """Why kvlib's CPU kernels cannot be used here, or ``None`` where they can (loaded, built for
+    this machine already, or buildable: a C++ compiler is found). It builds nothing: :func:`load`
+    builds, and a build or load that failed in this process is the reason from then on."""
+    if "error" in _state:
+        return str(_state["error"])
+    if "loaded" in _state or compiler() is not None:
+        return None
+    return None if library_path().exists() else NO_COMPILER
+
+
+def _loaded() -> None:
+    if not load():
+        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
 
 
 def panel_simd() -> str:
     """Which code the loaded float32 panel product (``panels.cpp``) runs: ``"avx512"``, ``"avx2"``
     or ``"plain loops"``."""
-    if not load():
-        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    _loaded()
     return torch.ops.kvlib_cpu.panel_simd()
 
 
 def simd() -> str:
     """Which code the loaded kernels run: ``"avx2"`` or ``"plain loops"``."""
-    if not load():
-        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    _loaded()
     return torch.ops.kvlib_cpu.simd()
-
-
-def _register_fakes() -> None:
-    """Shapes for torch.compile, which traces the kernels without running them."""
-    for name in ("q4_1_mm", "q8_0_mm"):
-        torch.library.register_fake(f"kvlib_cpu::{name}")(lambda x, w, n: x.new_empty(*x.shape[:-1], n))
-    torch.library.register_fake("kvlib_cpu::paged_attention")(lambda q, k, v, c, n, row, scale: torch.empty_like(q))
-    torch.library.register_fake("kvlib_cpu::panel_mm")(lambda x, p, out: x.new_empty(*x.shape[:-1], out))
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, context: torch.Tensor,
@@ -158,8 +207,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     Returns ``(n, heads, head_dim)``: what :func:`kvlib.attention.attention` gives on the gathered
     keys, to float32 rounding. RuntimeError where the kernels cannot be built here
     (:func:`kernels_missing` says why), or, naming it, for a query, slot or length outside its bounds."""
-    if not load():
-        raise RuntimeError(f"kvlib's CPU kernels are not available: {_state['error']}")
+    _loaded()
     if row is None:
         row = torch.arange(q.shape[0], device=q.device)
     return torch.ops.kvlib_cpu.paged_attention(q.contiguous(), k_pool, v_pool, context.contiguous(),

@@ -23,11 +23,11 @@ import copy
 import torch
 from torch import nn
 
-from ..compiled import define_op
+from .. import ops
 from ..device import return_freed_memory
 from ..model import Decoder
 from .fused import FusedAttention, FusedMLP
-from .kernels import kernels_missing, panel_simd
+from .kernels import kernels_missing, load, panel_simd
 
 __all__ = ["KERNELS", "PackedLinear", "packed_linear", "pack", "pack_linears", "packing_kernel", "packing_unavailable",
            "is_packed"]
@@ -42,8 +42,7 @@ def _packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> 
 
 # An operator of its own for torch.compile, which calls it as it is (as vLLM's compiled model calls
 # its oneDNN products), where Inductor's own lowering of oneDNN's operator wants the number of rows fixed.
-packed_linear = define_op("packed_linear", _packed_linear,
-                          lambda x, packed, out_features: x.new_empty(*x.shape[:-1], out_features))
+packed_linear = ops.implement("kvlib::packed_linear", _packed_linear)
 
 
 class PackedLinear(nn.Module):
@@ -59,7 +58,8 @@ class PackedLinear(nn.Module):
                              f"{tuple(weight.shape)} on {weight.device}")
         if kernel not in KERNELS:
             raise ValueError(f"PackedLinear's kernel is one of {sorted(KERNELS)}, got {kernel!r}")
-        if kernel == "panels" and (why := kernels_missing()):
+        if kernel == "panels" and not load():
+            why = kernels_missing()
             raise RuntimeError(f"PackedLinear's panels need kvlib's kernels, which are not here: {why}; "
                                "use kernel='onednn'")
         self.out_features, self.in_features = weight.shape
@@ -87,7 +87,7 @@ def packing_kernel() -> str | None:
     the few rows of a decode step, and kept pace with it at a few hundred); else ``"onednn"`` where
     PyTorch has oneDNN; else ``"panels"`` in plain loops where kvlib's kernels build at all; ``None``
     where there is neither. The page *From kvlib to vLLM* gives the measurements."""
-    ours = kernels_missing() is None
+    ours = load()
     if ours and panel_simd() in ("avx512", "avx2"):
         return "panels"
     if torch.backends.mkldnn.is_available():
@@ -104,7 +104,7 @@ def packing_unavailable(model: nn.Module, kernel: str | None = None) -> str | No
         return f"{no_onednn} and kvlib's kernels are not here: {kernels_missing()}"
     if kernel == "onednn" and not torch.backends.mkldnn.is_available():
         return no_onednn
-    if kernel == "panels" and kernels_missing():
+    if kernel == "panels" and not load():
         return f"kvlib's kernels are not here: {kernels_missing()}"
     weight = next(model.parameters())
     if weight.dtype != torch.float32 or weight.device.type != "cpu":

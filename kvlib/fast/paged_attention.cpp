@@ -52,7 +52,9 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
     TORCH_CHECK(t->dim() == 3 && t->scalar_type() == at::kFloat && t->is_contiguous(), NAME,
                 ": q, k_pool and v_pool must be contiguous 3-d float32 tensors, got ", t->sizes(), " ", t->scalar_type());
   }
-  TORCH_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2) && q.size(1) % k.size(1) == 0, NAME,
+  TORCH_CHECK(k.size(1) > 0 && q.size(2) > 0, NAME, ": the pools need at least one kv head and one dimension a head, ",
+              "got ", k.sizes(), " and q ", q.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes() && q.size(2) == k.size(2) && q.size(1) >= k.size(1) && q.size(1) % k.size(1) == 0, NAME,
               ": q (n, heads, head_dim) and the pools (slots, kv_heads, head_dim) do not fit: ", q.sizes(), " ",
               k.sizes(), " ", v.sizes());
   for (const at::Tensor* t : {&lengths, &row}) {
@@ -380,11 +382,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(kvlib_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor context, Tensor lengths, Tensor row, "
-        "float scale) -> Tensor");
-}
-
+// Declared, with what torch.compile sees it return, in kvlib/ops.py.
 TORCH_LIBRARY_IMPL(kvlib_cpu, CPU, m) {
   m.impl("paged_attention", paged_attention);
 }

@@ -82,6 +82,7 @@ at::Tensor panel_mm(const at::Tensor& x, const at::Tensor& p, int64_t out) {
   TORCH_CHECK(p.dim() == 3 && p.size(2) == PANEL && p.scalar_type() == at::kFloat && p.is_contiguous(),
               "kvlib_cpu::panel_mm: the weight must come from panel_pack (panels, in, 16), got ", p.sizes());
   const int64_t panels = p.size(0), in = p.size(1);
+  TORCH_CHECK(in > 0, "kvlib_cpu::panel_mm: the weight has no inputs (in = 0): ", p.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && x.size(-1) == in, "kvlib_cpu::panel_mm: x must be "
               "float32 (..., ", in, "), got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(out > (panels - 1) * PANEL && out <= panels * PANEL, "kvlib_cpu::panel_mm: ", panels,
@@ -114,10 +115,9 @@ std::string panel_simd() { return SIMD; }
 
 }  // namespace
 
+// Declared, with what torch.compile sees them return, in kvlib/ops.py.
 TORCH_LIBRARY_FRAGMENT(kvlib_cpu, m) {
-  m.def("panel_pack(Tensor w) -> Tensor");
-  m.def("panel_mm(Tensor x, Tensor p, int out) -> Tensor");
-  m.def("panel_simd() -> str", &panel_simd);
+  m.impl("panel_simd", &panel_simd);
 }
 
 TORCH_LIBRARY_IMPL(kvlib_cpu, CPU, m) {

@@ -31,6 +31,11 @@ class KernelSwitch(nn.Module):
             return self.packed(x)
         return F.linear(x.to(self.dense.dtype), self.dense).to(x.dtype)
 
+    def step_bytes(self) -> int:
+        """The bytes a one-row step reads: the packed kernel's weights (the dense copy serves only
+        steps of ``dense_from`` rows or more)."""
+        return sum(t.numel() * t.element_size() for t in [*self.packed.parameters(), *self.packed.buffers()])
+
     def extra_repr(self) -> str:
         if self.dense_from is None:
             return "the packed kernel at every batch size"

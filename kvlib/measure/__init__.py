@@ -21,10 +21,9 @@ from .flops import (StepFlops, attention_flops_per_pair, count_flops, count_step
 from .hardware import machine_description, matmul_flops_per_second, memory_bandwidth, weight_read_floor
 from .memory import TensorMemoryTracker, fmt_bytes, peak_memory
 from .quality import LogProbs, closest_call, next_token_agreement, top2_gap
-from .timing import (Stopwatch, fmt_approx, fmt_exponent, fmt_ratio, fmt_seconds, fmt_verdict, median_seconds, sync,
-                     time_call)
+from .timing import (Stopwatch, fmt_approx, fmt_exponent, fmt_ratio, fmt_seconds, fmt_verdict, median_seconds, sync)
 
-__all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "fmt_verdict", "sync", "Stopwatch", "time_call",
+__all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "fmt_verdict", "sync", "Stopwatch",
            "median_seconds", "StepFlops", "linear_flops_per_token", "attention_flops_per_pair",
            "output_flops_per_row", "crossover_context", "step_flops", "generation_step_flops", "generation_flops",
            "generation_ratio", "count_flops", "step_call", "count_step_flops", "fmt_flops", "TensorMemoryTracker",

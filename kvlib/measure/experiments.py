@@ -15,6 +15,7 @@ import torch
 
 from ..cache.base import KVCache
 from ..clock import Stopwatch
+from .. import ops as kvlib_ops
 from ..generate import Generation, generate
 from .memory import peak_memory
 from .roofline import decode_step_seconds, row_cost
@@ -138,10 +139,6 @@ class CompiledComparison:
     @property
     def identical(self) -> bool:
         return self.eager.tokens == self.compiled.tokens
-
-    @property
-    def eager_median(self) -> float:
-        return statistics.median(self.eager_seconds)
 
     @property
     def compiled_median(self) -> float:
@@ -318,13 +315,15 @@ def _quiet_stderr():
 
 # The one classification of a step's operators (this section's profile and the benchmark's): the
 # matrix products, every kernel that multiplies by the weights (dense, matrix-vector, quantized:
-# PyTorch's and kvlib's own), and attention; the rest is "other operators".
-STEP_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_", "kvlib::matvec",
-                                  "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu",
-                                  "aten::_weight_int4pack_mm", "kvlib_cpu::q4_1_mm", "kvlib_cpu::q8_0_mm"),
-              "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
-                            "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
-                            "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math")}
+# PyTorch's, listed here, and kvlib's own, from their declarations in kvlib.ops), and attention;
+# the rest is "other operators".
+_TORCH_PARTS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "aten::addmv_",
+                                    "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm_for_cpu",
+                                    "aten::_weight_int4pack_mm", "mkldnn::_linear_pointwise"),
+                "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                              "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                              "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_attention_math")}
+STEP_PARTS = {part: names + kvlib_ops.step_parts()[part] for part, names in _TORCH_PARTS.items()}
 
 
 def step_profile(model: torch.nn.Module, prompt: Sequence[int], batch_sizes: Sequence[int], n_steps: int = 5,

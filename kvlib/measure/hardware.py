@@ -85,7 +85,7 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | to
     device = measurement_device(device, model)
     if device != model.embed.weight.device:
         model = copy.deepcopy(model).to(device)
-    layers = [m for m in model.modules() if m is not model and hasattr(m, "in_features") and hasattr(m, "out_features")]
+    layers = _outermost_linears(model)
     output = model.lm_head if getattr(model, "lm_head", None) is not None else (lambda x: F.linear(x, model.embed.weight))
     dtype = model.embed.weight.dtype
     inputs = {w: torch.randn(1, 1, w, dtype=dtype, device=device) for w in {m.in_features for m in layers} | {model.config.d_model}}
@@ -97,6 +97,24 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | to
             output(inputs[model.config.d_model])
 
     return median_seconds(read_every_weight, device, repeats, warmup=1)
+
+
+def _outermost_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every weight matrix's layer once: the modules with ``in_features`` and ``out_features``
+    that sit in no other such module (a fast-path switch, not also the kernel inside it), the
+    output layer left out (the floor runs it on its own)."""
+    found: list[torch.nn.Module] = []
+
+    def walk(module: torch.nn.Module) -> None:
+        for child in module.children():
+            if child is getattr(model, "lm_head", None):
+                continue
+            if hasattr(child, "in_features") and hasattr(child, "out_features"):
+                found.append(child)
+            else:
+                walk(child)
+    walk(model)
+    return found
 
 
 def _devices() -> list[str]:

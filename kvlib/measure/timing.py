@@ -6,12 +6,10 @@ machine-dependent figures through :func:`fmt_approx`, so the notebook tests (nbv
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from ..clock import Stopwatch, median_seconds, sync     # the one stopwatch and the one median timer
 
 __all__ = ["fmt_seconds", "fmt_ratio", "fmt_approx", "fmt_exponent", "fmt_verdict", "sync", "Stopwatch",
-           "time_call", "median_seconds"]
+           "median_seconds"]
 
 
 def fmt_seconds(seconds: float) -> str:
@@ -66,15 +64,4 @@ def fmt_verdict(verdict: str) -> str:
         raise ValueError("a verdict is one line: it is replaced up to the end of its line")
     return f"→ {verdict}"
 
-
-def time_call(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> list[float]:
-    """Run ``fn`` ``warmup`` times unmeasured, then ``repeats`` times; return each run's seconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        with Stopwatch() as watch:
-            fn()
-        times.append(watch.seconds)
-    return times
 

@@ -21,7 +21,8 @@ from typing import Iterator
 
 import torch
 
-from ..compiled import compiled_function, define_op
+from .. import ops
+from ..compiled import compiled_function
 from .runner import PagedKV
 
 __all__ = ["unified_attention", "forward_context", "compiled_pass"]
@@ -39,29 +40,21 @@ def forward_context(kv: PagedKV) -> Iterator[None]:
         _CONTEXT.pop()
 
 
-def _result(q: torch.Tensor) -> torch.Tensor:
-    """Room for attention's result ``(1, heads, tokens, head_dim)``, laid out in memory as
-    ``(1, tokens, heads, head_dim)``: the layer's output product then reads it as it lies. Fixed
-    here, not taken from ``q``, whose layout the compiler may choose after tracing."""
-    b, heads, tokens, head_dim = q.shape
-    return q.new_empty(b, tokens, heads, head_dim).transpose(1, 2)
-
-
 def _unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """:meth:`PagedKV.attend` of layer ``layer`` on the pool of :func:`forward_context`: ``q``
     ``(1, heads, tokens, head_dim)``, ``k, v`` ``(1, kv_heads, tokens, head_dim)``; returns a new
-    ``(1, heads, tokens, head_dim)`` tensor laid out as :func:`_result` says (what the compiled
+    ``(1, heads, tokens, head_dim)`` tensor laid out as :func:`kvlib.ops.attention_room` says (what the compiled
     pass was told). It writes the pool, which is no argument: the compiler sees a function of its
     arguments, called in the order the layers need."""
     if not _CONTEXT:
         raise RuntimeError("kvlib::unified_attention runs inside forward_context(pool), which says which pool")
-    out, room = _CONTEXT[-1].attend(layer, q, k, v, None, 0), _result(q)
+    out, room = _CONTEXT[-1].attend(layer, q, k, v, None, 0), ops.attention_room(q)
     same = out.stride() == room.stride() and out.data_ptr() not in (q.data_ptr(), k.data_ptr(), v.data_ptr())
     return out if same else room.copy_(out)
 
 
-# What the compiler knows of it: the result's shape and layout (_result).
-unified_attention = define_op("unified_attention", _unified_attention, lambda q, k, v, layer: _result(q))
+# What the compiler knows of it, the result's shape and layout, is declared in kvlib.ops.
+unified_attention = ops.implement("kvlib::unified_attention", _unified_attention)
 
 
 class _OpaqueAttention:

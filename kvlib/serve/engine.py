@@ -190,9 +190,12 @@ class _Record:
 def serve(model: torch.nn.Module, requests: Seq[Request], *, max_batch: int, block_size: int = 16,
           num_blocks: int | None = None, policy: str = "continuous", prefill_chunk: int | None = None,
           prefix_caching: bool = False, compile: bool = False, paged_attention: PagedAttention | None = None,
-          clock: Callable[[], float] | None = None, progress: bool = False) -> ServeReport:
-    """``Engine(model, ...).serve(requests)``: one call on a fresh engine (see :class:`Engine`)."""
+          clock: Callable[[], float] | None = None, temperature: float = 0.0, top_k: int | None = None,
+          generator: torch.Generator | None = None, progress: bool = False) -> ServeReport:
+    """``Engine(model, ...).serve(requests, ...)``: one call on a fresh engine (see :class:`Engine`
+    and :meth:`Engine.serve`, sampling included)."""
     engine = Engine(model, max_batch=max_batch, block_size=block_size, num_blocks=num_blocks, policy=policy,
                     prefill_chunk=prefill_chunk, prefix_caching=prefix_caching, compile=compile,
                     paged_attention=paged_attention)
-    return engine.serve(requests, clock=clock, progress=progress)
+    return engine.serve(requests, clock=clock, temperature=temperature, top_k=top_k, generator=generator,
+                        progress=progress)

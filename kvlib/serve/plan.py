@@ -73,11 +73,6 @@ class StepPlan:
         """Tokens fed by sequences that are not decoding."""
         return sum(n for (_, n), kind in zip(self.items, self.kinds) if kind == "prefill")
 
-    @property
-    def num_decode_tokens(self) -> int:
-        """Tokens fed by decoding sequences (one each)."""
-        return self.num_tokens - self.num_prefill_tokens
-
 
 def decoding(seq: Sequence) -> bool:
     """Whether ``seq``'s next feed is a decode: the one token it sampled, its only uncomputed token."""

@@ -16,9 +16,9 @@ __all__ = ["draft_steps", "render_draft_step", "draft_steps_widget"]
 OWN = "#7570b3"
 
 
-def draft_steps(records: Sequence, tokens: Sequence[int]) -> list[dict]:
-    """One dict per verify step of a speculative run (its ``records`` after the prefill, and the
-    new ``tokens``): where the step started in ``tokens``, its drafts, how many were accepted."""
+def draft_steps(records: Sequence) -> list[dict]:
+    """One dict per verify step of a speculative run (its ``records`` after the prefill): where the
+    step started in the run's new tokens, its drafts, how many were accepted."""
     steps, at = [], 1                                   # the prefill wrote the first token
     for r in records[1:]:
         steps.append({"start": at, "draft": list(r.draft), "accepted": r.accepted})
@@ -55,7 +55,7 @@ def draft_steps_widget(records: Sequence, tokens: Sequence[int], decode: Callabl
     drawn in advance), at ``start`` (default: the first step that drafted). Returns an ``ipywidgets.VBox``."""
     import ipywidgets as widgets
 
-    steps = draft_steps(records, tokens)
+    steps = draft_steps(records)
     if not steps:
         raise ValueError("no verify steps: the run wrote at most one token")
     views = [render_draft_step(steps, tokens, decode, i) for i in range(len(steps))]

@@ -133,6 +133,7 @@ def test_kvlib_fast_is_compiled_where_a_compiler_is_found(monkeypatch):
     assert options["compile"] == (serving_peer.compiler_missing() is None)
     assert (options["paged_attention"] is kvlib.fast.paged_attention) == (serving_peer.kernels_missing() is None)
     monkeypatch.setattr(serving_peer, "compiler_missing", lambda: "no C++ compiler here")
+    monkeypatch.setattr(serving_peer, "load", lambda: False)
     monkeypatch.setattr(serving_peer, "kernels_missing", lambda: "no kernels here")
     engines, layout = serving_peer.kvlib_engines(model)
     assert engines["kvlib_fast"][1] == {"compile": False, "paged_attention": None}

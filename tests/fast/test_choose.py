@@ -3,6 +3,7 @@ whatever is chosen, the fast path writes the model's own greedy tokens."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -235,8 +236,9 @@ def test_every_choice_writes_its_formats_tokens(native, choice):
 
 
 def test_a_choice_that_needs_kvlibs_kernels_says_so_where_they_are_missing(native, monkeypatch):
+    monkeypatch.setattr(kernels, "load", lambda: False)
     monkeypatch.setattr(kernels, "kernels_missing", lambda: "no C++ compiler (a test)")
-    with pytest.raises(RuntimeError, match="refresh=True"):
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler \\(a test\\).*refresh=True"):
         apply_choice(fuse(native), KernelChoice("q8_0", "int4", None))
 
 
@@ -252,3 +254,67 @@ def _same_or_tie(fast, reference, rel: float = 0.03):
     if part is not None:
         best_two = reference.logits[part].topk(2).values
         assert best_two[0] - best_two[1] <= 2 * diff[part].max(), f"parted at token {part}, not at a tie"
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"a key": {"output_layer": "tied"}}', "[]"])
+def test_a_corrupt_choice_file_is_measured_again_with_a_warning(native, monkeypatch, tmp_path, text):
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    choice_path().parent.mkdir(parents=True)
+    choice_path().write_text(text)
+    fast = fuse(native)
+    with pytest.warns(UserWarning, match="ignores its kernel choices"):
+        choice = kernel_choice(fast, timer=lambda fn: 1e-3)
+    assert json.loads(choice_path().read_text()) == {choice.machine: asdict(choice)}   # written whole, anew
+
+
+def test_a_choice_file_that_cannot_be_written_warns_and_the_choice_holds(native, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path / "a-file"))
+    with pytest.warns(UserWarning, match="could not keep its kernel choice"):
+        choice = kernel_choice(fuse(native), timer=lambda fn: 1e-3)
+    assert isinstance(choice, KernelChoice)
+
+
+def _tensor_bytes(module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+@pytest.mark.parametrize("choice", CHOICES + (OUR_CHOICES if OURS else []))
+def test_the_fast_models_bytes_are_what_one_row_reads(native, choice):
+    """Each 4-bit matrix counted once, in the kernel one row uses (a dense copy for many rows is
+    not read by a decode step), the output layer's own, and the embedding's one row where the
+    output layer is not the embedding: a broken count that added the dense copies read
+    several times these bytes."""
+    fast = apply_choice(fuse(native), choice)
+    switches = [m for m in fast.modules() if isinstance(m, KernelSwitch)]
+    expected = sum(_tensor_bytes(s.packed) for s in switches if s is not fast.lm_head)
+    expected += sum(_tensor_bytes(m) for b in fast.blocks for m in b.modules() if isinstance(m, torch.nn.RMSNorm)
+                    or type(m).__name__ == "RMSNorm") + _tensor_bytes(fast.norm)
+    table = fast.embed.weight
+    if choice.output_layer == "tied":
+        expected += table.numel() * table.element_size()
+    else:
+        head = fast.lm_head.packed if isinstance(fast.lm_head, KernelSwitch) else fast.lm_head
+        expected += _tensor_bytes(head) + table.shape[1] * table.element_size()
+    assert fast.weight_bytes() == expected
+    assert fast.weight_bytes() <= native.weight_bytes() * (1.05 if choice.output_layer == "tied" else 1.0)
+
+
+def test_the_floor_runs_every_matrix_once(native):
+    """weight_read_floor calls each layer once a pass and the output layer once (a broken walk ran
+    each switch's kernel again inside it, and the head three times)."""
+    from collections import Counter
+
+    from kvlib.measure.hardware import weight_read_floor
+
+    fast = apply_choice(fuse(native), KernelChoice("int8", "int4", 4))
+    calls = Counter()
+    handles = [m.register_forward_hook(lambda mod, args, out: calls.update([id(mod)]))
+               for m in fast.modules() if hasattr(m, "in_features")]
+    weight_read_floor(fast, repeats=1)
+    for h in handles:
+        h.remove()
+    switches = [m for m in fast.modules() if isinstance(m, KernelSwitch)]
+    passes = calls[id(fast.lm_head)]
+    assert passes >= 1 and all(calls[id(s)] == passes for s in switches)
+    assert all(calls[id(s.packed)] == passes for s in switches)          # inside the switch, once with it

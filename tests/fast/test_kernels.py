@@ -200,3 +200,48 @@ def test_the_library_is_built_once_and_kept(tmp_path):
                                       text=True).stdout) for _ in range(2)]
     assert runs[0][0] and runs[1][0] and runs[0][1] == runs[1][1]
     assert runs[1][2] < runs[0][2] / 3                     # loading a built file, not compiling it
+
+
+def test_asking_whether_the_kernels_can_be_used_builds_nothing(monkeypatch, tmp_path):
+    """kernels_missing answers from what is here (a compiler, a built library, an earlier failure);
+    only load() builds."""
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setattr(kernels, "_build", lambda path: pytest.fail("kernels_missing built the kernels"))
+    assert kernels.kernels_missing() is None                      # a compiler is here: they can be built
+    assert not list(tmp_path.iterdir())
+
+
+def test_machines_of_another_kind_sharing_a_home_keep_a_library_each(monkeypatch):
+    """The library's folder is keyed by the architecture and OS too: an ARM node and an x86 node
+    sharing one home folder do not load each other's build."""
+    here = kernels.library_path()
+    monkeypatch.setattr(kernels.platform, "machine", lambda: "aarch64")
+    assert kernels.library_path() != here
+    monkeypatch.setattr(kernels, "compiler_version", lambda cxx: "g++ (another) 99.1")
+    assert len({here, kernels.library_path()}) == 2
+
+
+def test_two_processes_building_at_once_build_once(monkeypatch, tmp_path):
+    """The build holds a file lock: the second builder waits, then finds the library and builds nothing.
+    (Two threads, each its own open lock file, contend as two processes do.)"""
+    import threading
+
+    count = tmp_path / "builds"
+    monkeypatch.setattr(kernels, "_command", lambda cxx, out, openmp: [
+        "sh", "-c", f"echo built >> {count}; sleep 1; touch {out}"])
+    path = tmp_path / "lib" / "libkvlib_cpu_kernels.so"
+    threads = [threading.Thread(target=kernels._build, args=(path,)) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert path.exists() and count.read_text().count("built") == 1
+
+
+def test_a_home_that_cannot_be_written_is_a_reason_not_a_crash(monkeypatch, tmp_path):
+    """A cache folder that cannot be made (here: under a file; on a read-only home, the same
+    OSError) leaves the kernels unavailable, with the reason, and the fast path without them."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("KVLIB_CACHE_DIR", str(tmp_path / "a-file" / "kvlib"))
+    monkeypatch.setattr(kernels, "_state", {})
+    assert kernels.load() is False
+    assert "a-file" in kernels.kernels_missing()

@@ -297,3 +297,15 @@ def test_a_preempted_request_resumed_without_recomputing_is_caught(monkeypatch):
     g = torch.Generator().manual_seed(3)
     requests = [Request(torch.randint(0, 64, (n,), generator=g).tolist(), 12) for n in (9, 7, 11, 5)]
     assert _some_request_differs(model, requests, max_batch=4, block_size=2, num_blocks=12)
+
+
+def test_serve_passes_its_sampling_on_to_the_engine():
+    """The one-call serve() samples as Engine.serve does (it once dropped temperature, top_k and
+    the generator, and sampled greedily)."""
+    model = tiny_model(torch.float64)
+    requests = [Request([1, 2, 3], 8), Request([4, 5], 8)]
+    kwargs = dict(temperature=1.0, top_k=20)
+    one = serve(model, requests, max_batch=2, generator=torch.Generator().manual_seed(5), **kwargs)
+    engine = Engine(model, max_batch=2).serve(requests, generator=torch.Generator().manual_seed(5), **kwargs)
+    assert one.outputs == engine.outputs
+    assert one.outputs != serve(model, requests, max_batch=2).outputs           # not greedy

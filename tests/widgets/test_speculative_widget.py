@@ -17,7 +17,7 @@ def decode(ids):
 
 
 def test_the_steps_follow_the_tokens():
-    steps = draft_steps(RECORDS, TOKENS)
+    steps = draft_steps(RECORDS)
     assert steps == [{"start": 1, "draft": [], "accepted": 0}, {"start": 2, "draft": [11, 12, 19], "accepted": 2}]
     view = render_draft_step(steps, TOKENS, decode, 1)
     assert "line-through" in view and view.count("t19") == 1 and "t13" in view
