@@ -8,7 +8,7 @@ writes a report. Nothing of the chapter imports it; it imports the rest.
 - :mod:`.peer`: llama.cpp through llama-cpp-python, the peer on the same GGUF file;
 - :mod:`.batched`: decoding several sequences together, kvlib and llama.cpp alike;
 - :mod:`.goals`: the project's performance goals, as one run measured them;
-- :mod:`.report`: the markdown of ``bench.md`` and ``goals.md``.
+- :mod:`.markdown`: the markdown of ``bench.md`` and ``goals.md``.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ from ..measure.experiments import STEP_PARTS
 from ..measure.hardware import machine_description, memory_bandwidth, weight_read_floor
 from .peer import first_difference
 from .goals import goals
-from .report import goals_markdown, to_markdown
+from .markdown import goals_markdown, to_markdown
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ engine with both.
 from __future__ import annotations
 
 from ..model import Decoder
-from .blocks import Q4_1Linear, Q8_0Linear
+from .gguf_linear import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 from .heads import TiedHead

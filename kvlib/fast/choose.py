@@ -48,7 +48,7 @@ from ..measure.flops import step_call
 from ..paths import cache_dir
 from ..quant.linear import Int4Linear, Int8Linear
 from . import kernels
-from .blocks import Q4_1Linear, Q8_0Linear
+from .gguf_linear import Q4_1Linear, Q8_0Linear
 from .heads import TiedHead
 from .switch import KernelSwitch
 

@@ -2,7 +2,7 @@
 static batch, the loop of :func:`kvlib.generate` with a row per prompt, is
 :func:`kvlib.generate_batch`, in :mod:`kvlib.generate`; it is named here too.)
 
-- the engine, after nano-vllm: :mod:`.sequence` (a request being served), :mod:`.blocks`
+- the engine, after nano-vllm: :mod:`.sequence` (a request being served), :mod:`.block_manager`
   (the KV pool's blocks: free list, reference counts, prefix caching), :mod:`.plan` (the
   scheduler: what each step runs), :mod:`.runner` (one forward pass per step over the paged
   pool), :mod:`.engine` (:class:`Engine` and :func:`serve`, which tie them together) and
@@ -12,7 +12,7 @@ static batch, the loop of :func:`kvlib.generate` with a row per prompt, is
 from __future__ import annotations
 
 from ..generate import generate_batch
-from .blocks import BlockManager, block_keys
+from .block_manager import BlockManager, block_keys
 from .engine import Engine, check_requests, serve
 from .plan import POLICIES, Scheduler, StepPlan
 from .report import Request, ServeReport, ServeStep

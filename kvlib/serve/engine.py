@@ -17,7 +17,7 @@ import torch
 
 from ..checks import positive_int
 from ..generate import Sampler, check_prompt, check_sampling
-from .blocks import BlockManager
+from .block_manager import BlockManager
 from .compiled import compiled_pass
 from .plan import Scheduler, StepPlan
 from .report import Request, ServeReport, ServeStep

@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..checks import optional_positive_int, positive_int
-from .blocks import BlockManager
+from .block_manager import BlockManager
 from .sequence import Sequence, Status
 
 __all__ = ["POLICIES", "StepPlan", "Scheduler", "decoding"]
@@ -104,7 +104,7 @@ class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_batch: int, policy: str = "continuous",
                  prefill_chunk: int | None = None) -> None:
         if not isinstance(blocks, BlockManager):
-            raise TypeError(f"blocks must be a kvlib.serve.blocks.BlockManager, got {type(blocks).__name__}")
+            raise TypeError(f"blocks must be a kvlib.serve.block_manager.BlockManager, got {type(blocks).__name__}")
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}: use one of {', '.join(map(repr, POLICIES))}")
         self.blocks = blocks

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import attention, visible
-from .blocks import BlockManager
+from .block_manager import BlockManager
 from .sequence import Sequence
 
 __all__ = ["PagedKV", "Group", "StepLayout", "ModelRunner", "group_layout", "one_table", "gather"]

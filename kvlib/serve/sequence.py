@@ -1,7 +1,7 @@
 """One request as the serving engine sees it: its tokens, its blocks and how far its cache goes.
 
 A :class:`Sequence` holds the prompt and the tokens generated so far, the ids of the KV
-cache blocks that hold its keys and values (its *block table*, see :mod:`.blocks`), and
+cache blocks that hold its keys and values (its *block table*, see :mod:`.block_manager`), and
 ``num_computed``, how many of its tokens already have their keys and values in those blocks.
 
 The contract between the scheduler (:mod:`.plan`) and the runner: at each step a scheduled
@@ -52,6 +52,7 @@ class Sequence:
     num_cached: int = 0
     status: Status = Status.WAITING
     final_blocks: list[int] = field(default_factory=list)   # its block table when it finished
+    tokens: list[int] = field(init=False, repr=False)        # the prompt, then the output: one list, grown in place
 
     def __post_init__(self) -> None:
         non_negative_int("index", self.index)
@@ -62,15 +63,12 @@ class Sequence:
         positive_int(f"request {self.index}: max_new_tokens", self.max_new_tokens)
         if self.stop_token is not None and not is_int(self.stop_token):
             raise ValueError(f"request {self.index}: stop_token must be a token id or None, got {self.stop_token!r}")
-
-    @property
-    def tokens(self) -> list[int]:
-        """The prompt followed by the tokens generated so far (a new list)."""
-        return self.prompt + self.output
+        self.output = list(self.output)
+        self.tokens = self.prompt + self.output                  # (nano-vllm's token_ids): never rebuilt
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self.tokens)
 
     @property
     def num_uncomputed(self) -> int:
@@ -91,6 +89,7 @@ class Sequence:
         if self.done:
             raise ValueError(f"request {self.index} is already done: it takes no more tokens")
         self.output.append(token)
+        self.tokens.append(token)
         if self.done:
             self.status = Status.FINISHED
 

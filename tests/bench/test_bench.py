@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvlib.bench.run import Impl, _time_peer, best_peer_setting, to_markdown
-from kvlib.bench.report import goals_markdown
+from kvlib.bench.markdown import goals_markdown
 from kvlib.bench.peer import first_difference, greedy_run, llama_cpp_missing
 from kvlib.measure.hardware import machine_description, memory_bandwidth
 
@@ -381,7 +381,7 @@ def test_the_appendix_and_section_8_quote_one_run():
     assert to_markdown(run) == appendix.read_text(), (
         "chapters/benchmark/bench.md is not the report of kvlib/data/bench.json: copy both files of one "
         "`python -m kvlib.bench` run (or, after changing the report, write bench.md again with "
-        "kvlib.bench.report.to_markdown(kvlib.data.reference_bench()))")
+        "kvlib.bench.markdown.to_markdown(kvlib.data.reference_bench()))")
     names = {r["name"] for r in run["rows"]}
     assert {"kvlib, with cache", "kvlib, with cache, compiled", "kvlib, with cache, native 4-bit",
             "kvlib, with cache, compiled, fast 4-bit"} <= names, names

@@ -307,7 +307,7 @@ def test_vllm_serves_a_small_stream_with_kvlibs_tokens(tmp_path):
 
 
 def test_the_benchmark_report_shows_the_serving_rows_or_why_not():
-    from kvlib.bench.report import _serving
+    from kvlib.bench.markdown import _serving
 
     assert _serving({}) == []
     assert _serving({"serving": {"missing": "no vLLM environment"}}) == ["", "No vLLM rows: no vLLM environment."]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlib.fast import kernels
-from kvlib.fast.blocks import Q4_1Linear, Q8_0Linear, int4_integers, q4_1_blocks, q8_0_blocks
+from kvlib.fast.gguf_linear import Q4_1Linear, Q8_0Linear, int4_integers, q4_1_blocks, q8_0_blocks
 from kvlib.quant import Int4Linear
 from kvlib.quant.formats import quantize_int4_groups
 

@@ -236,7 +236,7 @@ def test_keys_that_do_not_chain_are_caught(monkeypatch):
     """Keys of a block's tokens alone (and its predecessor's) give false hits: the second request's
     block [3, 3, 3, 3] after [1, 1, 1, 1] would take the first request's block of those tokens at
     positions 12-15, whose keys were rotated for other positions and saw other tokens."""
-    from kvlib.serve import blocks
+    from kvlib.serve import block_manager as blocks
 
     model = tiny_model(torch.float64)
     first = [1] * 4 + [2] * 4 + [1] * 4 + [3] * 4 + [5]

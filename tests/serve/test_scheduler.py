@@ -17,8 +17,8 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from kvlib.serve import blocks as blocks_module
-from kvlib.serve.blocks import BlockManager
+from kvlib.serve import block_manager as blocks_module
+from kvlib.serve.block_manager import BlockManager
 from kvlib.serve.plan import POLICIES, Scheduler, StepPlan, decoding
 from kvlib.serve.sequence import Sequence, Status
 
@@ -236,7 +236,7 @@ def test_bad_arguments_are_named():
         Scheduler(blocks, max_batch=True)
     with pytest.raises(ValueError, match="prefill_chunk must be a positive int, got 0"):
         Scheduler(blocks, max_batch=2, prefill_chunk=0)
-    with pytest.raises(TypeError, match="blocks must be a kvlib.serve.blocks.BlockManager"):
+    with pytest.raises(TypeError, match="blocks must be a kvlib.serve.block_manager.BlockManager"):
         Scheduler(8, max_batch=2)
 
 

@@ -1,12 +1,12 @@
-"""kvlib.serve.blocks: the block pool, its reference counts and the prefix cache, without a model."""
+"""kvlib.serve.block_manager: the block pool, its reference counts and the prefix cache, without a model."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlib.serve import blocks as blocks_module
-from kvlib.serve.blocks import KEY_BYTES, BlockManager, block_keys, chain_key
+from kvlib.serve import block_manager as blocks_module
+from kvlib.serve.block_manager import KEY_BYTES, BlockManager, block_keys, chain_key
 from kvlib.serve.sequence import Sequence, Status
 
 
