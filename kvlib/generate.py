@@ -73,6 +73,11 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     the same tokens.
     """
     check_sampling(temperature, top_k)
+    return _draw(logits, temperature, top_k, generator)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`sample` for arguments already checked."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
     probs = probabilities(logits, temperature, top_k).reshape(-1, logits.shape[-1]).cpu()   # (rows, vocab)
@@ -148,8 +153,11 @@ class Sampler:
     top_k: int | None = None
     generator: torch.Generator | None = None
 
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k)                # once, not at every token
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return sample(logits, self.temperature, self.top_k, self.generator)
+        return _draw(logits, self.temperature, self.top_k, self.generator)
 
 
 @dataclass
@@ -313,14 +321,13 @@ def generate(model: torch.nn.Module, prompt_ids: Sequence[int] | torch.Tensor, m
     ``progress=True`` it says so, and how long it took).
     """
     non_negative_int("max_new_tokens", max_new_tokens)
-    check_sampling(temperature, top_k)
+    sampler = Sampler(temperature, top_k, generator)             # (checks them)
     if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 1:
         raise ValueError(f"prompt_ids must be 1-D (one sequence), got shape {tuple(prompt_ids.shape)}")
     cfg = model.config
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
     if not use_cache and cache is not None:
         raise ValueError("a cache was given but use_cache=False")
-    sampler = Sampler(temperature, top_k, generator)
     step = plain_step(model, sampler, compile=compile, use_cache=use_cache, announce=progress)
     label = ("with cache" if use_cache else "without cache") if progress else None
     (gen,) = decode(model, [prompt], max_new_tokens, use_cache=use_cache, cache=cache, sampler=sampler,
@@ -348,10 +355,9 @@ def generate_batch(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max
     as in :func:`generate`. This is :func:`generate`'s loop, :func:`decode`, with one row per prompt.
     """
     non_negative_int("max_new_tokens", max_new_tokens)
-    check_sampling(temperature, top_k)
+    sampler = Sampler(temperature, top_k, generator)             # (checks them)
     cfg = model.config
     rows = check_prompts(prompts, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
-    sampler = Sampler(temperature, top_k, generator)
     step = plain_step(model, sampler, compile=compile, use_cache=use_cache)
     label = f"batch of {len(rows)}" if progress else None
     return decode(model, rows, max_new_tokens, use_cache=use_cache, cache=cache, sampler=sampler,

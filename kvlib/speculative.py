@@ -24,7 +24,7 @@ import torch
 
 from .cache.base import KVCache
 from .checks import non_negative_int, positive_int
-from .generate import Generation, Sampler, Written, check_prompt, check_sampling, decode, probabilities
+from .generate import Generation, Sampler, Written, check_prompt, decode, probabilities
 
 __all__ = ["generate", "lookup_draft", "accept", "Drafter", "SpeculativeStep", "DRAFTS"]
 
@@ -168,11 +168,10 @@ def generate(model: torch.nn.Module, prompt_ids, max_new_tokens: int, *, draft="
     non_negative_int("max_new_tokens", max_new_tokens)
     positive_int("k", k)
     positive_int("ngram", ngram)
-    check_sampling(temperature, top_k)
+    sampler = Sampler(temperature, top_k, generator)             # (checks them)
     _check_draft(draft, model)
     cfg = model.config
     prompt = check_prompt("prompt_ids", prompt_ids, cfg.vocab_size, cfg.max_seq_len, max_new_tokens, stop_token)
-    sampler = Sampler(temperature, top_k, generator)
     drafter = Drafter(draft, k, ngram, len(prompt) + max_new_tokens, sampler)
     (gen,) = decode(model, [prompt], max_new_tokens, sampler=sampler, stop_token=stop_token, keep_logits=keep_logits,
                     step=SpeculativeStep(model, drafter, sampler))

@@ -141,3 +141,13 @@ def test_rms_norm_is_its_formula_bit_for_bit(rows, width, scale, dtype, seed):
     normalised = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)
     expected = norm.weight * normalised.to(dtype) if dtype == torch.bfloat16 else normalised * norm.weight
     assert torch.equal(norm(x), expected)
+
+
+def test_a_sampler_checks_its_settings_once_when_made():
+    """Made with bad settings, a Sampler says so at once (the loops make one per call, not a check per token)."""
+    from kvlib.generate import Sampler
+
+    with pytest.raises(ValueError, match="temperature"):
+        Sampler(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        Sampler(temperature=1.0, top_k=0)

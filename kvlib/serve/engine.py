@@ -16,7 +16,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..checks import positive_int
-from ..generate import Sampler, check_prompt, check_sampling
+from ..generate import Sampler, check_prompt
 from .block_manager import BlockManager
 from .compiled import compiled_pass
 from .plan import Scheduler, StepPlan
@@ -120,12 +120,12 @@ class Engine:
         on chosen steps whatever the machine's speed. Tokens are chosen by :func:`kvlib.sample`
         (greedy by default). ``progress=True`` shows a bar of tokens written.
         """
-        check_sampling(temperature, top_k)
+        sampler = Sampler(temperature, top_k, generator)         # (checks them)
         reqs = check_requests(self.model, requests)
         if clock is None:
             t0 = time.perf_counter()
             clock = lambda: time.perf_counter() - t0            # noqa: E731
-        self.sampler = Sampler(temperature, top_k, generator)
+        self.sampler = sampler
         order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival)
         seqs = dict(sorted((i, self.add(reqs[i], i)) for i in order))
         record = _Record(self, list(seqs.values()), clock, progress)
