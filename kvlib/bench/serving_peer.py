@@ -45,8 +45,8 @@ from ..cache.paging import blocks_for
 from ..compiled import compiler_missing
 from ..data import ASSISTANTS, CHAT_QUESTIONS, HELP_DESK, HELP_DESK_QUESTIONS
 from ..device import compute_dtype, cpu_name, vector_instructions
-from ..fast import fuse, kernels_missing, paged_attention
-from ..fast.kernels import load
+from ..fast import fuse
+from ..fast.paged import paged_attention_choice
 from ..fast.packed import KERNELS, pack, packing_kernel, packing_unavailable
 from ..generate import generate
 from ..measure.quality import top2_gap
@@ -189,13 +189,14 @@ def fast_float32(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
 def kvlib_engines(model: torch.nn.Module) -> tuple[dict[str, tuple[torch.nn.Module, dict]], str]:
     """The model and the :class:`~kvlib.serve.Engine` options of each of :data:`KVLIB_ENGINES`, and what
     was done for ``kvlib_fast``: :func:`fast_float32`'s layout, compiled where a C++ compiler is found,
-    with kvlib's paged-attention kernel where it builds (else, each time, why not)."""
+    with kvlib's paged-attention kernel where it builds and measures faster than the gathered keys
+    (:func:`kvlib.fast.paged.paged_attention_choice`; else, each time, why not)."""
     fast, layout = fast_float32(model)
     missing = compiler_missing()
     layout += "; compiled" if missing is None else f"; not compiled: {missing}"
-    kernel = None if load() else kernels_missing()
-    layout += "; paged-attention kernel" if kernel is None else f"; no paged-attention kernel: {kernel}"
-    options = {"compile": missing is None, "paged_attention": paged_attention if kernel is None else None}
+    kernel, why = paged_attention_choice(model)                      # measured here, as the panels are
+    layout += "; paged-attention kernel" if kernel is not None else f"; no paged-attention kernel: {why}"
+    options = {"compile": missing is None, "paged_attention": kernel}
     return {"kvlib": (model, {}), "kvlib_fast": (fast, options)}, layout
 
 

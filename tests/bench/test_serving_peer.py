@@ -131,10 +131,10 @@ def test_kvlib_fast_is_compiled_where_a_compiler_is_found(monkeypatch):
     assert list(engines) == list(serving_peer.KVLIB_ENGINES) and engines["kvlib"] == (model, {})
     options = engines["kvlib_fast"][1]
     assert options["compile"] == (serving_peer.compiler_missing() is None)
-    assert (options["paged_attention"] is kvlib.fast.paged_attention) == (serving_peer.kernels_missing() is None)
+    assert options["paged_attention"] in (kvlib.fast.paged_attention, None)
+    assert layout.endswith("; paged-attention kernel") == (options["paged_attention"] is not None)
     monkeypatch.setattr(serving_peer, "compiler_missing", lambda: "no C++ compiler here")
-    monkeypatch.setattr(serving_peer, "load", lambda: False)
-    monkeypatch.setattr(serving_peer, "kernels_missing", lambda: "no kernels here")
+    monkeypatch.setattr(serving_peer, "paged_attention_choice", lambda model: (None, "no kernels here"))
     engines, layout = serving_peer.kvlib_engines(model)
     assert engines["kvlib_fast"][1] == {"compile": False, "paged_attention": None}
     assert layout.endswith("; not compiled: no C++ compiler here; no paged-attention kernel: no kernels here")

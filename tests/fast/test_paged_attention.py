@@ -13,6 +13,7 @@ from kvlib.attention import attention
 from kvlib.fast import kernels, paged_attention
 from kvlib.serve import Request, serve
 from kvlib.serve.runner import gather
+from tiny_models import tiny_model
 
 from serve.test_engine import engine_kwargs, step_clock, workloads
 from tiny_models import tiny_model
@@ -143,3 +144,27 @@ def test_a_kernel_that_reads_one_key_too_many_is_caught():
     plain = serve(model, requests, max_batch=2, block_size=4)
     broken = serve(model, requests, max_batch=2, block_size=4, paged_attention=one_too_many)
     assert broken.outputs != plain.outputs
+
+
+def test_the_kernel_is_used_only_where_it_measures_faster(monkeypatch):
+    """paged_attention_choice times both ways on the model's shapes and takes the kernel only where
+    it wins every case; with a timer that makes it lose one, the gathered keys, saying why."""
+    from kvlib.fast import paged
+
+    model = tiny_model()
+    for step in ("decode", "prefill"):
+        assert paged.attention_ms(model, None, 2, 40, step, timer=_once) >= 0
+    wins = iter([1.0, 2.0] * len(paged.CASES))                           # ours, then gathered: ours faster
+    kernel, why = paged.paged_attention_choice(model, timer=lambda fn: (fn(), next(wins))[1])
+    assert kernel is paged.paged_attention and why == ""
+    loses = iter([1.0, 2.0, 3.0, 2.0])                                   # the second case: ours slower
+    kernel, why = paged.paged_attention_choice(model, timer=lambda fn: (fn(), next(loses))[1])
+    assert kernel is None and "not faster here than the gathered keys (a prefill" in why
+    monkeypatch.setattr(paged, "load", lambda: False)
+    monkeypatch.setattr(paged, "kernels_missing", lambda: "no compiler (a test)")
+    assert paged.paged_attention_choice(model) == (None, "no compiler (a test)")
+
+
+def _once(fn) -> float:
+    fn()
+    return 0.0
