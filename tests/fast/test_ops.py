@@ -81,7 +81,14 @@ def test_a_changed_fake_is_a_new_version_of_the_operators(monkeypatch, tmp_path)
     assert kc.ops_tag() != before
 
 
-def test_an_operator_not_loaded_is_a_python_error_that_says_so():
+def test_a_kernel_not_loaded_is_a_python_error_that_says_so():
+    """Declared but not loaded (a process that never called kernels.load()), a C++ operator raises
+    a Python error naming it; and only the Python operators take an implementation from Python."""
+    script = ("import torch, kvlib.ops\n"
+              "try:\n    torch.ops.kvlib_cpu.q4_1_mm(torch.randn(1, 32), torch.zeros(1, 20, dtype=torch.uint8), 1)\n"
+              "except NotImplementedError as err:\n    print('raised:', str(err).splitlines()[0])\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "raised: Could not run 'kvlib_cpu::q4_1_mm'" in run.stdout, run.stderr[-2000:]
     with pytest.raises(KeyError, match="not one of kvlib's Python operators"):
         ops.implement("kvlib_cpu::q4_1_mm", lambda x, w, n: x)
 
