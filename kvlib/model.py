@@ -220,9 +220,9 @@ class Decoder(nn.Module):
 
     def weight_bytes(self) -> int:
         """The bytes of weights a one-token decode step reads, whatever the format: each layer's
-        parameters and the buffers quantized layers keep their weights in, each tensor once; of a
-        layer that also keeps another copy for steps of many rows, only what one row reads (its
-        ``step_bytes()``); the embedding whole when it is the output layer too, else its one row.
+        parameters, each tensor once; of a quantized layer, what its kernel reads for one row (its
+        ``step_bytes()``: the stored format, or the kernel's own layout of it, not a dense copy
+        kept for many rows); the embedding whole when it is the output layer too, else its one row.
         RoPE's tables are no weights. What the roofline counts."""
         seen: set[int] = set()
 

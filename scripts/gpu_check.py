@@ -12,7 +12,7 @@ tiny test shapes), nothing downloaded, and on the device:
    cache (the same tokens), :func:`kvlib.generate_batch` and :func:`kvlib.serve.serve` (each
    row the tokens of its prompt alone), in float32;
 2. times greedy generation in float32, bfloat16, int8 and int4 (:func:`kvlib.quant.quantize`;
-   off the CPU those layers multiply by their weight dequantized once), one prompt and a
+   off the CPU those layers run their reference, dequantized at every call), one prompt and a
    batch of 8, and prints tokens/s as a table;
 3. measures the device's memory bandwidth, its matmul FLOP/s in float32 and bfloat16, and
    the weight-read floor of the float32 and bfloat16 models (:mod:`kvlib.measure.hardware`).

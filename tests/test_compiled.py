@@ -104,7 +104,7 @@ def model_4bit():
     cfg = Config(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
     # int4 layers, bfloat16 activations on every CPU: these tests are about bfloat16's roundings, which
     # quantize() leaves out on a CPU without bfloat16 arithmetic (it computes in float32 there)
-    return quantize(Decoder(cfg).eval(), "int4", group_size=32).to(torch.bfloat16)
+    return quantize(Decoder(cfg).eval(), "int4").to(torch.bfloat16)
 
 
 def test_compiled_4bit_rounds_where_eager_rounds(model_4bit):
@@ -272,7 +272,7 @@ def test_the_cpp_wrapper_step_writes_eagers_tokens():
 
     torch.manual_seed(1)
     cfg = Config(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
-    fresh = quantize(Decoder(cfg).eval(), "int4", group_size=32)
+    fresh = quantize(Decoder(cfg).eval(), "int4")
     prompt = [3, 14, 15, 9, 26, 5, 35]
     eager = generate(fresh, prompt, 12, keep_logits=True)
     step = compile_fast_step(fresh)
@@ -294,7 +294,7 @@ def test_kvlibs_own_kernels_compile_to_eagers_tokens():
 
     torch.manual_seed(3)
     cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
-    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4", group_size=32).float()),
+    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4").float()),
                         KernelChoice("q8_0", "q4_1", None))
     eager = generate(fast, [3, 14, 15, 9, 26], 12, keep_logits=True)
     compiled = generate(fast, [3, 14, 15, 9, 26], 12, keep_logits=True, compile=True)
@@ -312,7 +312,7 @@ def test_the_fast_paths_dense_float32_batch_compiles_to_eagers_tokens():
 
     torch.manual_seed(2)
     cfg = Config(vocab_size=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=128, max_seq_len=96)
-    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4", group_size=32)),
+    fast = apply_choice(fuse(quantize(Decoder(cfg).eval(), "int4")),
                         KernelChoice("tied", "int4", 2, dense_kernel="dense float32"))
     prompts = [[3, 14, 15], [9, 26, 5, 35, 8, 9], [2, 7]]                 # 3 rows: the dense float32 path
     eager = generate_batch(fast, prompts, 10, keep_logits=True)

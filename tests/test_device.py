@@ -19,7 +19,7 @@ from kvlib import Config, Decoder
 from kvlib.device import ENV_VAR, check_device, default_device, describe_device
 from kvlib.fast import concat_linears
 from kvlib.measure import hardware
-from kvlib.quant import Int4Linear, Int8Linear, quantize
+from kvlib.quant import INT4, INT8, REFERENCE, Int4Linear, Int8Linear, quantize
 from kvlib.serve import Request, serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,10 +48,12 @@ def no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
-def set_dense(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
+def use_reference(model: torch.nn.Module, on: bool = True) -> torch.nn.Module:
+    """Every quantized layer of ``model`` on the reference kernel (dequantize, then F.linear: what
+    runs off the CPU), or back on PyTorch's CPU kernels."""
     for m in model.modules():
         if isinstance(m, QUANTIZED):
-            m.force_dense = on
+            m.use(REFERENCE if on else (INT8 if isinstance(m, Int8Linear) else INT4))
     return model
 
 
@@ -153,7 +155,7 @@ def test_load_smollm2_checks_the_device_before_the_file(monkeypatch, no_cuda):
 
 def _layer(kind: str, out: int = 128, inp: int = 256, seed: int = 0):
     w = torch.randn(out, inp, generator=torch.Generator().manual_seed(seed))
-    return Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w, 32)
+    return Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w)
 
 
 def _x(inp: int = 256, dtype=torch.bfloat16) -> torch.Tensor:
@@ -167,70 +169,52 @@ def test_the_cpu_path_is_the_kernel_bit_for_bit(kind):
     if kind == "int8":
         y = torch.ops.aten._weight_int8pack_mm(rows, layer.q, layer.kernel_scale)
     else:
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.packed, 32, layer.kernel_scales)
-    assert layer.uses_kernel(x) and torch.equal(layer(x), y.reshape(2, 5, 128))
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, layer.int4_packed, 32, layer.int4_scales.view(torch.bfloat16))
+    assert torch.equal(layer(x), y.reshape(2, 5, 128))
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_dense_path_agrees_with_the_kernel_up_to_bf16(kind, dtype):
+def test_the_reference_agrees_with_the_kernel_up_to_bf16(kind, dtype):
     layer, x = _layer(kind), _x(dtype=dtype)
     kernel = layer(x)
-    layer.force_dense = True
-    assert not layer.uses_kernel(x)
-    dense = layer(x)
-    assert dense.dtype == kernel.dtype == dtype and dense.shape == kernel.shape
-    # each product rounded to bf16 (the kernel's operands, or the dense weight): a few bf16 steps of the largest
+    reference = use_reference(layer)(x)
+    assert reference.dtype == kernel.dtype == dtype and reference.shape == kernel.shape
+    assert torch.equal(reference, torch.nn.functional.linear(x, layer.dequantized().to(dtype)))
+    # each product rounded to bf16 (the kernel's operands and scales): a few bf16 steps of the largest
     bound = 2 ** -6 * float((x.float().abs() @ layer.dequantized().abs().t()).max())
-    torch.testing.assert_close(dense.float(), kernel.float(), rtol=0, atol=bound)
+    torch.testing.assert_close(reference.float(), kernel.float(), rtol=0, atol=bound)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_the_dense_weight_is_built_once_and_dropped_when_moved(kind, monkeypatch):
-    layer, x = _layer(kind), _x()
-    layer.force_dense = True
-    calls = []
-    original = type(layer).dequantized
-    monkeypatch.setattr(type(layer), "dequantized", lambda self: calls.append(1) or original(self))
-    for _ in range(3):
-        layer(x)
-    assert len(calls) == 1                                      # not once per call
-    layer(x.float())
-    assert len(calls) == 2                                      # asked for in another dtype
-    layer.to(torch.bfloat16)                                    # a move or cast (here to the same dtype)
-    layer(x.float())
-    assert len(calls) == 3
-    assert set(layer.state_dict()) == ({"q", "scale"} if kind == "int8" else {"packed", "scales_and_zeros"})
-
-
-@pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_loading_a_state_dict_drops_the_dense_weight(kind):
+def test_the_state_dict_is_the_format_and_loading_it_lays_the_kernel_out_again(kind):
+    """A state dict saves the stored format only (not the kernel's packing of it); loading another
+    layer's lays out the kernel's operands anew, so the layer then computes what the other does."""
     layer, other, x = _layer(kind), _layer(kind, seed=5), _x()
-    layer.force_dense = other.force_dense = True
+    assert set(layer.state_dict()) == ({"q", "scale"} if kind == "int8" else {"blocks"})
     before = layer(x)
     layer.load_state_dict(other.state_dict())
     assert torch.equal(layer(x), other(x)) and not torch.equal(layer(x), before)
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
-def test_concatenated_layers_have_the_stacked_dense_weight(kind):
+def test_concatenated_layers_stack_their_weights(kind):
     layers = [_layer(kind, out=64, seed=s) for s in (1, 2, 3)]
-    fused = set_dense(concat_linears(layers))
-    stacked = torch.cat([layer.dense_weight(torch.bfloat16) for layer in layers])
-    assert torch.equal(fused.dense_weight(torch.bfloat16), stacked)
-    expected = torch.cat([set_dense(layer)(_x()) for layer in layers], dim=-1)
+    fused = concat_linears(layers)
+    assert torch.equal(fused.dequantized(), torch.cat([layer.dequantized() for layer in layers]))
+    expected = torch.cat([layer(_x()) for layer in layers], dim=-1)
     torch.testing.assert_close(fused(_x()), expected, rtol=0, atol=2 ** -7 * float(expected.abs().max()))
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
-def test_a_quantized_model_on_the_dense_path_agrees_with_the_kernels(scheme):
+def test_a_quantized_model_on_the_reference_agrees_with_the_kernels(scheme):
     torch.manual_seed(0)
     model = Decoder(Config.tiny()).eval()
     ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(2))
     q = quantize(model, scheme)
     kernel = logits(q, ids)
-    assert_within_bf16(logits(set_dense(q), ids), kernel, bf16_noise(model, ids))
-    assert torch.equal(logits(set_dense(q, False), ids), kernel)
+    assert_within_bf16(logits(use_reference(q), ids), kernel, bf16_noise(model, ids))
+    assert torch.equal(logits(use_reference(q, False), ids), kernel)
 
 
 # ------------------------------------------------------------------- measurements on a device
@@ -327,16 +311,13 @@ def test_float32_on_cuda_with_and_without_the_cache(real_shapes):
 def test_quantized_on_cuda_agrees_with_the_cpu_kernels(real_shapes, scheme, monkeypatch):
     cpu, gpu, ids, noise = real_shapes
     on_cpu = quantize(cpu, scheme)
-    moved = copy.deepcopy(on_cpu).to("cuda")                     # the dense weights are built here, once
+    moved = copy.deepcopy(on_cpu).to("cuda")                     # the reference kernel runs there
     on_gpu = quantize(gpu, scheme)                               # quantized where it runs
-    monkeypatch.setattr(Int8Linear, "dequantized", lambda self: pytest.fail("dequantized during a forward pass"))
-    monkeypatch.setattr(Int4Linear, "dequantized", lambda self: pytest.fail("dequantized during a forward pass"))
     expected = logits(on_cpu, ids)
     assert_within_bf16(logits(moved, ids), expected, noise)
     assert_within_bf16(logits(on_gpu, ids), expected, noise)
     cached = kvlib.generate(moved, ids[0, :16].tolist(), 8, keep_logits=True)
     assert _same_or_near_tie(kvlib.generate(moved, ids[0, :16].tolist(), 8, use_cache=False), cached, 10 * noise)
-    monkeypatch.undo()
     assert torch.equal(logits(moved.to("cpu"), ids), expected)   # back on the CPU: the kernels again
 
 

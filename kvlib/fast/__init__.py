@@ -16,18 +16,18 @@ engine with both.
 from __future__ import annotations
 
 from ..model import Decoder
-from .gguf_linear import Q4_1Linear, Q8_0Linear
 from .choose import KernelChoice, apply_choice, kernel_choice
+from .dense import DenseFrom
+from .gguf_linear import Q4_1, Q8_0, Q8_0Linear
 from .fused import FusedAttention, FusedMLP, concat_linears, fuse, is_fused
 from .heads import TiedHead
 from .kernels import kernels_missing, paged_attention
 from .packed import PackedLinear, is_packed, pack, packing_unavailable
-from .switch import KernelSwitch
 
 CPP_WRAPPER = {"cpp_wrapper": True}      # Inductor calls the compiled step's kernels from C++, not Python
 
 __all__ = ["CPP_WRAPPER", "compile_fast_step", "fuse", "is_fused", "FusedAttention", "FusedMLP", "concat_linears", "fast_model", "KernelChoice",
-           "kernel_choice", "apply_choice", "KernelSwitch", "Q4_1Linear", "Q8_0Linear", "TiedHead", "PackedLinear", "pack",
+           "kernel_choice", "apply_choice", "DenseFrom", "Q4_1", "Q8_0", "Q8_0Linear", "TiedHead", "PackedLinear", "pack",
            "is_packed", "packing_unavailable", "paged_attention", "kernels_missing"]
 
 

@@ -46,13 +46,13 @@ from ..clock import median_seconds
 from ..device import bfloat16_is_fast, cpu_name
 from ..measure.flops import step_call
 from ..paths import cache_dir
-from ..quant.linear import Int4Linear, Int8Linear
+from ..quant.linear import INT4, Int4Linear, Int8Linear, Kernel
 from . import kernels
-from .gguf_linear import Q4_1Linear, Q8_0Linear
+from .dense import DenseFrom
+from .gguf_linear import Q4_1, Q8_0Linear
 from .heads import TiedHead
-from .switch import KernelSwitch
 
-__all__ = ["KernelChoice", "OUTPUT_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "dense_candidates",
+__all__ = ["KernelChoice", "LAYER_KERNELS", "OUTPUT_MARGIN", "DENSE_MARGIN", "BATCH_SIZES", "DENSE_KERNELS", "dense_candidates",
            "layer_candidates", "output_candidates", "measure_kernels", "dense_against_kernels", "choose",
            "dense_kernel", "dense_from", "kernel_choice", "choice_path", "apply_choice"]
 
@@ -90,13 +90,17 @@ def dense_candidates() -> list[str]:
     return [name for name, dtype in DENSE_KERNELS.items() if dtype != torch.bfloat16 or bfloat16_is_fast("cpu")]
 
 
+LAYER_KERNELS: dict[str, Kernel] = {"int4": INT4, "q4_1": Q4_1}     # the 4-bit layers' packed kernels
+
+
 def layer_candidates(layers: Sequence[Int4Linear]) -> dict[str, list[nn.Module]]:
-    """The packed kernels for ``layers``: PyTorch's int4 kernel (the layers themselves), and kvlib's
-    Q4_1 kernel where it builds here (:func:`kvlib.fast.kernels.load`)."""
-    out: dict[str, list[nn.Module]] = {"int4": list(layers)}
-    if kernels.load() and all(layer.group_size == kernels.BLOCK for layer in layers):
-        out["q4_1"] = [Q4_1Linear.from_int4(layer) for layer in layers]
-    return out
+    """``layers`` with each packed kernel: PyTorch's int4 kernel, and kvlib's Q4_1 kernel where it
+    builds here (:func:`kvlib.fast.kernels.load`). Layers sharing ``layers``' blocks, not copies;
+    a layer that already has the kernel is itself."""
+    names = ["int4", "q4_1"] if kernels.load() else ["int4"]
+    return {name: [layer if layer.kernel is LAYER_KERNELS[name] else
+                   Int4Linear(layer.blocks, layer.in_features, layer.out_features, LAYER_KERNELS[name])
+                   for layer in layers] for name in names}
 
 
 def output_candidates(model: nn.Module) -> dict[str, nn.Module]:
@@ -156,7 +160,7 @@ def dense_against_kernels(packed: dict[str, Sequence[nn.Module]], weights: Seque
 
 def _dense_ms(weights: Sequence[torch.Tensor], xs: dict[int, torch.Tensor], dtype: torch.dtype, timer: Timer) -> float:
     """One pass of dense products with ``weights`` cast to ``dtype`` (the input cast to it and the
-    output back to float32, as :class:`KernelSwitch` does); the copies are dropped afterwards."""
+    output back to float32, as :class:`~kvlib.fast.dense.DenseFrom` does); the copies are dropped afterwards."""
     dense = [w.to(dtype) for w in weights]                                                   # (out, in) each
     return 1e3 * timer(lambda: [F.linear(xs[w.shape[1]].to(dtype), w).float() for w in dense])
 
@@ -262,31 +266,32 @@ def _write_choices(path: Path, kept: dict[str, dict]) -> None:
 
 @torch.no_grad()
 def apply_choice(model: nn.Module, choice: KernelChoice) -> nn.Module:
-    """Set ``model``'s kernels (in place) as ``choice`` says: its output layer, and each 4-bit layer
-    a :class:`KernelSwitch` of the chosen packed kernel and, from ``dense_from`` rows on, its weight
-    dequantized once in the chosen dtype (built now, not inside a compiled step)."""
+    """Set ``model``'s kernels (in place) as ``choice`` says: its output layer, and each 4-bit layer's
+    kernel (an attribute: the chosen packed kernel and, from ``dense_from`` rows on, its weight
+    dequantized once in the chosen dtype, built now, not inside a compiled step)."""
     needs_ours = choice.layer_kernel == "q4_1" or choice.output_layer == "q8_0"
     if needs_ours and not kernels.load():
         raise RuntimeError(f"this choice runs kvlib's own kernels, which are not available here: "
                            f"{kernels.kernels_missing()}. Measure again: kernel_choice(model, refresh=True)")
-    packed = {"int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}
+    heads = {"int8": Int8Linear.from_weight, "q8_0": Q8_0Linear}
     if choice.output_layer == "tied":
         model.lm_head = TiedHead(model.embed)
-    elif choice.output_layer in packed:
-        head = packed[choice.output_layer](model.embed.weight.detach().float())
-        model.lm_head = _switch(head, choice.output_dense_from, choice.output_dense_kernel)
+    elif choice.output_layer in heads:
+        head = heads[choice.output_layer](model.embed.weight.detach().float())
+        model.lm_head = head.use(_dense_from(head.kernel, choice.output_dense_from, choice.output_dense_kernel))
     else:
-        raise ValueError(f"unknown output layer {choice.output_layer!r}: one of {sorted(['tied', *packed])}")
-    for parent in list(model.modules()):
-        for name, layer in list(parent.named_children()):
-            if isinstance(layer, Int4Linear):
-                packed = Q4_1Linear.from_int4(layer) if choice.layer_kernel == "q4_1" else layer
-                setattr(parent, name, _switch(packed, choice.dense_from, choice.dense_kernel))
+        raise ValueError(f"unknown output layer {choice.output_layer!r}: one of {sorted(['tied', *heads])}")
+    if choice.layer_kernel not in LAYER_KERNELS:
+        raise ValueError(f"unknown 4-bit kernel {choice.layer_kernel!r}: one of {sorted(LAYER_KERNELS)}")
+    kernel = _dense_from(LAYER_KERNELS[choice.layer_kernel], choice.dense_from, choice.dense_kernel)
+    for layer in model.modules():
+        if isinstance(layer, Int4Linear):
+            layer.use(kernel)
     return model
 
 
-def _switch(packed: nn.Module, rows: int | None, kernel: str) -> KernelSwitch:
-    if kernel not in DENSE_KERNELS:
-        raise ValueError(f"unknown dense kernel {kernel!r}: one of {sorted(DENSE_KERNELS)}")
-    dense = None if rows is None else packed.dequantized().to(DENSE_KERNELS[kernel])
-    return KernelSwitch(packed, dense, rows)
+def _dense_from(kernel: Kernel, rows: int | None, dense: str) -> Kernel:
+    """``kernel``, or from ``rows`` rows on the ``dense`` product (:class:`~kvlib.fast.dense.DenseFrom`)."""
+    if dense not in DENSE_KERNELS:
+        raise ValueError(f"unknown dense kernel {dense!r}: one of {sorted(DENSE_KERNELS)}")
+    return kernel if rows is None else DenseFrom(kernel, rows, DENSE_KERNELS[dense])

@@ -42,7 +42,7 @@ def attention_ms(model: torch.nn.Module, kernel, rows: int, prompt: int, step: s
         scheduler.postprocess(plan, {i: 0 for i, (s, n) in enumerate(plan.items) if s.num_computed + n == s.num_tokens})
         plan = scheduler.schedule(float("inf"))
     runner.kv.grow(engine.blocks.capacity)
-    runner.kv.layout = runner.layout(plan.items)[0]
+    runner.kv.layout = runner.layout(plan)[0]
     tokens = sum(n for _, n in plan.items)
     dtype = runner.kv.k.dtype
     q = torch.randn(1, cfg.n_heads, tokens, cfg.head_dim, generator=g).to(dtype)        # (1, heads, tokens, dim)

@@ -101,8 +101,7 @@ def weight_read_floor(model: torch.nn.Module, repeats: int = 7, device: str | to
 
 def _outermost_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every weight matrix's layer once: the modules with ``in_features`` and ``out_features``
-    that sit in no other such module (a fast-path switch, not also the kernel inside it), the
-    output layer left out (the floor runs it on its own)."""
+    that sit in no other such module, the output layer left out (the floor runs it on its own)."""
     found: list[torch.nn.Module] = []
 
     def walk(module: torch.nn.Module) -> None:

@@ -26,7 +26,7 @@ from ..rounding import asymmetric_range, fake_quantize, from_grid, symmetric_sca
 
 __all__ = ["quantize_int8_rows", "dequantize_int8_rows", "quantize_int4_groups", "dequantize_int4_groups",
            "quantize_symmetric", "quantize_asymmetric", "pack_int4", "unpack_int4", "bits_per_weight", "Q4_1_BLOCK", "Q8_0_BLOCK",
-           "q4_1_blocks", "q4_1_as_int4_groups"]
+           "q4_1_blocks", "q4_1_as_int4_groups", "pack_q4_1", "unpack_q4_1"]
 
 Q4_1_BLOCK = 32          # weights per block: 2 float16 (d, m) + 16 bytes of nibbles = 20 bytes
 Q8_0_BLOCK = 32          # weights per block: 1 float16 (d) + 32 int8 = 34 bytes
@@ -130,3 +130,26 @@ def q4_1_as_int4_groups(raw: np.ndarray, shape: tuple[int, int]) -> tuple[torch.
     d, m, q = q4_1_blocks(raw, out * inp)
     d, m = d.float().reshape(out, inp // Q4_1_BLOCK), m.float().reshape(out, inp // Q4_1_BLOCK)
     return q.reshape(out, inp), d, m + 8 * d
+
+
+def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks, byte for byte as ggml lays them out, from ``q`` (0..15) ``(out, in)`` and ``d``,
+    ``m`` ``(out, in/32)`` (rounded to float16 here): ``(out, in/32 · 20)`` uint8, each block ``d``,
+    ``m``, then 16 bytes whose low nibbles are the block's weights 0..15 and high nibbles 16..31."""
+    out, inp = q.shape
+    g = q.to(torch.uint8).reshape(out, inp // Q4_1_BLOCK, Q4_1_BLOCK)                   # (out, blocks, 32)
+    nibbles = g[..., :16] | (g[..., 16:] << 4)                                           # (out, blocks, 16)
+    dm = torch.stack([d, m], dim=-1).to(torch.float16).contiguous().view(torch.uint8)    # (out, blocks, 4)
+    return torch.cat([dm, nibbles], dim=-1).reshape(out, -1)
+
+
+def unpack_q4_1(blocks: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack_q4_1`, on any device: ``(q uint8 (out, in), d, m)`` with ``d`` and
+    ``m`` ``(out, in/32)`` float32 (their float16 values), so that ``w = d · q + m`` per block."""
+    out, inp = shape
+    b = blocks.reshape(out, inp // Q4_1_BLOCK, 20)                                       # (out, blocks, 20)
+    d = b[..., 0:2].contiguous().view(torch.float16)[..., 0].float()                     # (out, blocks)
+    m = b[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+    nibbles = b[..., 4:]                                                                  # (out, blocks, 16)
+    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(out, inp)
+    return q, d, m

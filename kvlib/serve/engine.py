@@ -105,7 +105,7 @@ class Engine:
         plan = self.scheduler.schedule(now)
         if not plan.items:
             return None
-        logits = self.runner.step(plan.items)                      # item index -> (vocab,)
+        logits = self.runner.step(plan)                      # item index -> (vocab,)
         rows = torch.stack(list(logits.values())) if logits else None     # (choosing, vocab): one call
         chosen = dict(zip(logits, self.sampler(rows).tolist())) if logits else {}
         return plan, self.scheduler.postprocess(plan, chosen)

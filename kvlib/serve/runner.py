@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..attention import attention, visible
 from .block_manager import BlockManager
+from .plan import StepPlan
 from .sequence import Sequence
 
 __all__ = ["PagedKV", "Group", "StepLayout", "ModelRunner", "group_layout", "one_table", "gather"]
@@ -193,12 +194,13 @@ class ModelRunner:
     def _eager(self, ids: torch.Tensor, positions: torch.Tensor, kv: PagedKV, last: torch.Tensor) -> torch.Tensor:
         return self.model.run(ids, positions, kv, end=0, last=last)    # (the paged pool reads no end)
 
-    def layout(self, items: list[tuple[Sequence, int]]) -> tuple[StepLayout, list[int], list[int], dict[int, int]]:
-        """The step's layout, its token ids, their positions (decoding requests first), and, for
-        each item whose tokens reach its end (it chooses a token), the flat index of its last token."""
-        device = self.kv.k.device
-        decode = [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed == 1]
-        order = decode + [i for i, (seq, n) in enumerate(items) if seq.num_tokens - seq.num_computed > 1]
+    def layout(self, plan: StepPlan) -> tuple[StepLayout, list[int], list[int], dict[int, int]]:
+        """The step's layout, its token ids, their positions (decoding requests first, as the plan
+        calls them: :func:`kvlib.serve.plan.decoding`), and, for each item whose tokens reach its
+        end (it chooses a token), the flat index of its last token."""
+        items, device = plan.items, self.kv.k.device
+        decode = [i for i, kind in enumerate(plan.kinds) if kind == "decode"]
+        order = decode + [i for i, kind in enumerate(plan.kinds) if kind != "decode"]
         ids, positions, wanted = [], [], {}
         for i in order:
             seq, n = items[i]
@@ -213,12 +215,12 @@ class ModelRunner:
         return StepLayout(groups, torch.cat([g.slots for g in groups]), table), ids, positions, wanted
 
     @torch.no_grad()
-    def step(self, items: list[tuple[Sequence, int]]) -> dict[int, torch.Tensor]:
-        """Run the plan's ``items`` ``(sequence, tokens)`` in one forward pass; return the logits
+    def step(self, plan: StepPlan) -> dict[int, torch.Tensor]:
+        """Run the plan's items ``(sequence, tokens)`` in one forward pass; return the logits
         ``(vocab,)`` of each sequence whose tokens reach its end (it chooses a new token), by its
-        position in ``items``."""
+        position in ``plan.items``."""
         self.kv.grow(self.blocks.capacity)
-        self.kv.layout, ids, positions, wanted = self.layout(items)
+        self.kv.layout, ids, positions, wanted = self.layout(plan)
         device = self.kv.k.device
         columns = list(wanted.values()) or [len(ids) - 1]          # (no request chooses: any one column)
         try:

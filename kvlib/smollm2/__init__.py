@@ -34,8 +34,8 @@ def load_smollm2(path: str | os.PathLike | None = None, *, dtype: torch.dtype | 
     keep it on the CPU. With ``quantized=True`` the file's 4-bit (Q4_1) layers stay 4-bit
     (:func:`kvlib.smollm2.load_q4_1_decoder`) and the rest of the model computes in ``dtype``,
     by default :func:`kvlib.device.compute_dtype` of ``device``: bfloat16 on a GPU or a CPU that
-    multiplies it natively, float32 on other CPUs (off the CPU those layers multiply by their
-    weight dequantized once, see :class:`kvlib.quant.Int4Linear`). The file is parsed once for both model and tokenizer.
+    multiplies it natively, float32 on other CPUs (off the CPU those layers run their reference
+    kernel, the weights dequantized at every call, see :mod:`kvlib.quant.linear`). The file is parsed once for both model and tokenizer.
     Raises :class:`kvlib.ModelFileError` if the file is missing or damaged, and a
     ``ValueError`` if ``device=None`` and ``KVLIB_DEVICE`` names a device this machine lacks.
     """

@@ -1,13 +1,13 @@
-"""The real model's own 4-bit file, loaded as it is stored: the Q4_1 matrices become int4 layers."""
+"""The real model's own 4-bit file, loaded as it is stored: each Q4_1 matrix becomes an Int4Linear holding its blocks."""
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from ..device import compute_dtype
 from ..model import Decoder
-from ..quant.formats import q4_1_as_int4_groups
 from ..quant.linear import Int4Linear
 from ..quant.model import linear_layers
 from .gguf import RawTensor, config_from_gguf, read_state_dict, unpermute
@@ -17,14 +17,15 @@ __all__ = ["load_q4_1_decoder"]
 
 def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)", dtype: torch.dtype | None = None) -> Decoder:
     """A :class:`kvlib.Decoder` that keeps a GGUF file's Q4_1 matrices as they are stored: each
-    becomes an :class:`~kvlib.quant.Int4Linear` with ``scale = d`` and ``zero = m + 8 d``, with no
-    float32 copy of them on the way. Everything else (the Q8_0 embedding, which is also the
+    becomes an :class:`~kvlib.quant.Int4Linear` holding the file's blocks, byte for byte (the rows of
+    the query and key matrices put back in the order kvlib's rotation takes), with no float32 copy
+    of them on the way; its kernel, PyTorch's int4 kernel, packs them once more for itself. Everything else (the Q8_0 embedding, which is also the
     output layer, and the norms) is decoded and kept in ``dtype``, the dtype the model computes
     in: by default :func:`kvlib.device.compute_dtype` of the CPU, bfloat16 where the CPU multiplies
     it natively and float32 elsewhere.
 
-    Exact up to bf16: the 4-bit integers are the file's; the scales and zeros are rounded from
-    float16 (``d``, ``m``) to bfloat16, as the kernel takes them.
+    The stored weights are the file's exactly; the kernel multiplies by them with the scales and
+    zeros rounded from float16 (``d``, ``m + 8 d``) to bfloat16, as it takes them.
     """
     dtype = dtype or compute_dtype("cpu")
     config = config_from_gguf(reader, path)
@@ -35,10 +36,11 @@ def load_q4_1_decoder(reader, path: str | os.PathLike = "(unnamed)", dtype: torc
         tensor = state.pop(key)
         if not isinstance(tensor, RawTensor):
             raise ValueError(f"{key} is not stored as Q4_1 in {path}; load the model with quantized=False")
-        q, scale, zero = q4_1_as_int4_groups(tensor.data, tensor.shape)
+        out, inp = tensor.shape
+        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8).reshape(out, -1))    # (out, in/32 · 20), a copy
         if tensor.permuted_heads:                                          # llama.cpp's row order for q and k
-            q, scale, zero = (unpermute(t, tensor.permuted_heads) for t in (q, scale, zero))
-        setattr(parent, name, Int4Linear(q, scale, zero, group_size=32))
+            blocks = unpermute(blocks, tensor.permuted_heads)
+        setattr(parent, name, Int4Linear(blocks.contiguous(), inp, out))
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta] + [n for n, b in model.named_buffers() if b.is_meta]
     if missing:

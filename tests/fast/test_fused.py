@@ -30,7 +30,7 @@ def _layers(kind, outs, inp=64, seed=0):
             layer.weight.data.copy_(w)
             layers.append(layer)
         return layers
-    return [Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w, 32) for w in weights]
+    return [Int8Linear.from_weight(w) if kind == "int8" else Int4Linear.from_weight(w) for w in weights]
 
 
 @settings(max_examples=15, deadline=None)
@@ -60,13 +60,22 @@ def test_concat_refuses_what_it_cannot_stack():
         concat_linears(_layers("int8", [16]) + _layers("int4", [16]))
     with pytest.raises(TypeError, match="no bias"):
         concat_linears([nn.Linear(4, 4), nn.Linear(4, 4)])
-    with pytest.raises(ValueError, match="share their input width and group size"):
+    with pytest.raises(ValueError, match="share their input width"):
         Int4Linear.concat(_layers("int4", [64], inp=64) + _layers("int4", [64], inp=128))
     with pytest.raises(ValueError, match="share their input width"):
         Int8Linear.concat(_layers("int8", [8], inp=64) + _layers("int8", [8], inp=32))
-    # rows packed in blocks of 16 would be stacked wrong: refused, not garbled
-    with pytest.raises(ValueError, match="multiple of 64 rows"):
-        Int4Linear.concat(_layers("int4", [16, 16]))
+
+
+
+def test_q4_1_blocks_stack_at_any_row_count():
+    """The stored blocks are one row of blocks per output: any row counts stack, exactly (PyTorch's
+    own packing, in blocks of 64 rows, could not be concatenated when a layer had 16)."""
+    layers = _layers("int4", [16, 48])
+    fused = Int4Linear.concat(layers)
+    assert torch.equal(fused.blocks, torch.cat([layer.blocks for layer in layers]))
+    assert torch.equal(fused.dequantized(), torch.cat([layer.dequantized() for layer in layers]))
+    with pytest.raises(ValueError, match="multiple of 16 output rows, this layer has 40"):
+        _layers("int4", [40])
 
 
 @pytest.mark.parametrize("scheme", [None, "int8", "int4"])

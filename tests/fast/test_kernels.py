@@ -14,12 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlib.fast import kernels
-from kvlib.fast.gguf_linear import Q4_1Linear, Q8_0Linear, int4_integers, q4_1_blocks, q8_0_blocks
+from kvlib.fast.gguf_linear import Q4_1, Q8_0Linear, q8_0_blocks
+from kvlib.quant.formats import pack_q4_1 as q4_1_blocks
 from kvlib.quant import Int4Linear
 from kvlib.quant.formats import quantize_int4_groups
 
 pytestmark = pytest.mark.skipif(kernels.kernels_missing() is not None,
                                 reason=f"kvlib's CPU kernels cannot be built here: {kernels.kernels_missing()}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built():
+    """The operators below are called directly: the library loaded first (built where missing)."""
+    assert kernels.load()
 
 
 def _q4_1(out: int, inp: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,14 +136,21 @@ def test_bad_inputs_say_what_is_wrong(bad, message):
         torch.ops.kvlib_cpu.q4_1_mm(*bad(_x(2, 64, 1), q4_1_blocks(q, d, m)))
 
 
-def test_an_int4_layer_gives_its_integers_and_weights_to_q4_1():
-    """The integers come back exactly through PyTorch's own kernel; the weights are the layer's up to
-    float16's rounding of the minimum ``m = zero - 8 · scale`` (and the layer's own bfloat16 output)."""
+def test_an_int4_layer_is_its_q4_1_blocks_and_kvlibs_kernel_reads_them_as_they_are():
+    """An Int4Linear stores Q4_1 blocks: its integers are quantize_int4_groups's, its weights
+    ``d · q + m`` exactly; kvlib's kernel multiplies by those very blocks (nothing laid out again),
+    PyTorch's int4 kernel by its own packing of them (scales and zeros in bfloat16)."""
     w = torch.randn(96, 64, generator=torch.Generator().manual_seed(2)) * 0.05
     layer = Int4Linear.from_weight(w)
-    assert torch.equal(int4_integers(layer), quantize_int4_groups(w, 32)[0])
-    mine = Q4_1Linear.from_int4(layer).dequantized()
-    assert (mine - layer.dequantized()).abs().max() <= 2 ** -8 * w.abs().max()
+    q, d, m = layer.unpacked()
+    assert torch.equal(q, quantize_int4_groups(w, 32)[0]) and torch.equal(layer.blocks, q4_1_blocks(q, d, m))
+    assert (layer.dequantized() - w).abs().max() <= 0.51 * d.max() + 2 ** -10 * w.abs().max()
+    x = _x(3, 64, 4)
+    pytorch_int4 = layer(x)
+    layer.use(Q4_1)
+    assert [name for name, _ in layer.named_buffers()] == ["blocks"]
+    assert torch.equal(layer(x), torch.ops.kvlib_cpu.q4_1_mm(x, layer.blocks, 96))
+    assert (layer(x) - pytorch_int4).abs().max() <= 0.02 * pytorch_int4.abs().max()
 
 
 def test_q8_0_gives_the_files_blocks_back():

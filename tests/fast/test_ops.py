@@ -14,7 +14,8 @@ import torch
 
 from kvlib import ops
 from kvlib.fast import kernels
-from kvlib.fast.gguf_linear import q4_1_blocks, q8_0_blocks
+from kvlib.fast.gguf_linear import q8_0_blocks
+from kvlib.quant.formats import pack_q4_1 as q4_1_blocks
 
 ROOT = Path(kernels.__file__).resolve().parents[1]                 # kvlib/
 OURS = kernels.kernels_missing() is None

@@ -133,7 +133,7 @@ def test_swapped_nibbles_are_caught():
 @pytest.mark.parametrize("rows", [1, 3, 17])
 def test_quantized_linear_matches_its_dequantized_weight(layer, rows):
     w = _weight(96, 64, seed=3)
-    lin = Int8Linear.from_weight(w) if layer == "int8" else Int4Linear.from_weight(w, 32)
+    lin = Int8Linear.from_weight(w) if layer == "int8" else Int4Linear.from_weight(w)
     x = torch.randn(2, rows, 64, generator=torch.Generator().manual_seed(4))
     got = lin(x)
     assert got.shape == (2, rows, 96) and got.dtype == x.dtype
@@ -148,7 +148,7 @@ def test_quantize_copies_and_leaves_the_model_alone():
     torch.manual_seed(0)
     model = Decoder(Config.tiny()).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    q = quantize(model, "int4", group_size=32, output_layer=True)
+    q = quantize(model, "int4", output_layer=True)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert isinstance(q.blocks[0].attn.wq, Int4Linear) and isinstance(q.lm_head, Int8Linear)
     assert q.dtype == compute_dtype("cpu")                  # bfloat16 only where the CPU multiplies it natively
@@ -161,13 +161,14 @@ def test_quantize_copies_and_leaves_the_model_alone():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(scheme="int3"), "unknown scheme 'int3'"),
-    (dict(scheme="int4", group_size=24), "int4 kernel takes groups of 32, 64, 128, 256"),
-    (dict(scheme="int4", group_size=64), "group_size=64 does not divide the input width 32"),
+    (dict(scheme="int4", config=dict(d_model=48)), "blocks of 32 inputs, which do not divide the input width 48"),
 ])
 def test_quantize_says_what_is_wrong(kwargs, message):
     torch.manual_seed(0)
+    config = Config.tiny()
+    config = Config(**{**config.__dict__, **kwargs.pop("config", {})})
     with pytest.raises(ValueError, match=message):
-        quantize(Decoder(Config.tiny()), **kwargs)
+        quantize(Decoder(config), **kwargs)
 
 
 def test_quantizing_twice_is_refused():
@@ -250,7 +251,7 @@ def test_a_quantized_model_runs_with_every_cache(cache_cls, kwargs):
     """Cached decoding on a quantized model picks the tokens the uncached forward pass picks."""
     import kvlib.cache
     torch.manual_seed(0)
-    q = quantize(Decoder(Config.tiny()).eval(), "int4", group_size=32)
+    q = quantize(Decoder(Config.tiny()).eval(), "int4")
     cache = getattr(kvlib.cache, cache_cls).for_model(q, max_len=20, **kwargs)
     got = kvlib.generate(q, [5, 6, 7, 8], 8, cache=cache)
     assert len(got) == 8 and all(0 <= t < q.config.vocab_size for t in got)
@@ -277,11 +278,12 @@ def test_weight_bytes_count_the_quantized_buffers_and_feed_the_roofline():
     torch.manual_seed(0)
     model = Decoder(Config.tiny()).eval()
     assert model.weight_bytes() == sum(p.numel() * p.element_size() for p in model.parameters())
-    q = quantize(model, "int4", group_size=32)
+    q = quantize(model, "int4")
     layers = [m for m in q.modules() if isinstance(m, Int4Linear)]
-    packed = sum(b.numel() * b.element_size() for m in layers for b in m.buffers())
+    packed = sum(b.numel() * b.element_size() for m in layers for b in m.buffers() if b is not m.blocks)
     params = sum(p.numel() * p.element_size() for p in q.parameters())
-    assert packed > 0 and q.weight_bytes() == params + packed
+    assert packed > 0 and q.weight_bytes() == params + packed                   # what PyTorch's int4 kernel reads
+    assert packed == sum(m.blocks.numel() for m in layers)                      # as many bytes as the Q4_1 blocks
     step = lambda m: decode_step_seconds(1, weight_bytes=m.weight_bytes(), **row_cost(m.config, 16, m.dtype),
                                          flops_per_s=1e12, bytes_per_s=1e9)
     assert step(q) < step(model)              # fewer bytes to read: a shorter memory-bound step

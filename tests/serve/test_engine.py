@@ -198,11 +198,13 @@ def test_paged_logits_equal_contiguous_logits(data):
     block_size = data.draw(st.sampled_from([1, 2, 5, 16]))
     engine = Engine(model, max_batch=1, block_size=block_size)
     gen = kvlib.generate(model, prompt, 4, keep_logits=True)
+    from kvlib.serve.plan import StepPlan
     from kvlib.serve.sequence import Sequence
 
-    seq = Sequence(0, prompt, 4)
+    seq, plan = Sequence(0, prompt, 4), StepPlan()
     assert engine.blocks.allocate(seq)
-    logits = engine.runner.step([(seq, len(prompt))])[0]
+    plan.add(seq, len(prompt), "prefill")
+    logits = engine.runner.step(plan)[0]
     torch.testing.assert_close(logits.float(), gen.logits[0], rtol=1e-9, atol=1e-9)
 
 
@@ -252,11 +254,11 @@ def shared_writes(monkeypatch) -> list[int]:
     seen: list[int] = []
     original = ModelRunner.step
 
-    def spy(self, items):
-        for seq, n in items:
+    def spy(self, plan):
+        for seq, n in plan.items:
             slots = self.blocks.slots(seq, seq.num_computed, seq.num_computed + n)
             seen.extend(seq.index for slot in slots if self.blocks.ref_count(slot // self.blocks.block_size) > 1)
-        return original(self, items)
+        return original(self, plan)
     monkeypatch.setattr(ModelRunner, "step", spy)
     return seen
 
@@ -309,3 +311,24 @@ def test_serve_passes_its_sampling_on_to_the_engine():
     engine = Engine(model, max_batch=2).serve(requests, generator=torch.Generator().manual_seed(5), **kwargs)
     assert one.outputs == engine.outputs
     assert one.outputs != serve(model, requests, max_batch=2).outputs           # not greedy
+
+
+def test_the_runner_groups_requests_as_the_plan_calls_them(monkeypatch):
+    """A one-token prompt is a prefill in the plan (it has sampled nothing yet), and the runner puts
+    it with the prefills, not with the decodes, which it once did by a rule of its own; the
+    decoding requests come first. Either way, the tokens are plain decoding's."""
+    model = tiny_model(torch.float64)
+    kinds_by_group: list[list[str]] = []
+    original = ModelRunner.layout
+
+    def spy(self, plan):
+        layout = original(self, plan)
+        decode = [k for k in plan.kinds if k == "decode"]
+        kinds_by_group.append([len(decode), [len(g.query_row) for g in layout[0].groups]])
+        return layout
+    monkeypatch.setattr(ModelRunner, "layout", spy)
+    requests = [Request([5, 6, 7], 6), Request([9], 3, arrival=3.0)]
+    run = serve(model, requests, max_batch=2, block_size=4, clock=step_clock())
+    assert run.outputs == [kvlib.generate(model, r.prompt, r.max_new_tokens) for r in requests]
+    mixed = [k for k in kinds_by_group if len(k[1]) == 2]            # a step with a decode and a prefill group
+    assert mixed and all(groups[0] == decodes for decodes, groups in mixed)
