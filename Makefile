@@ -1,8 +1,13 @@
 # Two commands for a new user: `make book` and `make test` (see README.md).
 # Every target sets up .venv first and is quick when nothing changed.
 SHELL := /bin/bash
+# PYTHON runs the small helper scripts below (any python3). .venv is made with the Python that
+# scripts/find_python.sh finds, 3.11 or 3.12 (python3.11 first), or with PYTHON where it is given
+# (make PYTHON=/path/to/python3.11, or in the environment): it refuses another version, saying why.
 PYTHON ?= python3
-VENV := .venv
+GIVEN_PYTHON := $(if $(filter environment command%,$(origin PYTHON)),$(PYTHON),)
+VENV ?= .venv
+VENV_STAMP := $(VENV)/.kvlib-venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvlib-installed
 MODEL_STAMP := $(VENV)/.kvlib-model
@@ -41,13 +46,21 @@ setup: $(STAMP)
 # falls back to pip's own index; the stamp names the choice, so another TORCH runs it again.
 TORCH ?= auto
 TORCH_STAMP := $(VENV)/.kvlib-torch-$(TORCH)
-$(PY):
-	$(PYTHON) -m venv $(VENV)
-$(TORCH_STAMP): requirements.txt scripts/install_torch.py | $(PY)
+# A .venv whose Python is not 3.11 or 3.12, or has no working pip (half made: a Python without
+# its venv module, an interrupted run), is removed and made again; a failed make leaves none.
+$(VENV_STAMP):
+	@if [ -d $(VENV) ] && $(PY) -c 'import sys, pip; assert sys.version_info[:2] in ((3, 11), (3, 12))' 2>/dev/null; \
+	  then touch $@; exit 0; fi; \
+	  if [ -e $(VENV) ]; then echo "make: $(VENV) is half made or of another Python: removing it, making it again"; \
+	    rm -rf $(VENV); fi; \
+	  python=$$(sh scripts/find_python.sh $(GIVEN_PYTHON)) || exit 1; \
+	  $$python -m venv $(VENV) && $(PY) -m pip --version >/dev/null || { rm -rf $(VENV); \
+	    echo "error: $$python -m venv $(VENV) failed (above); nothing is left half made: run make again" >&2; exit 1; }; \
+	  touch $@
+$(TORCH_STAMP): requirements.txt scripts/install_torch.py | $(VENV_STAMP)
 	$(PY) scripts/install_torch.py --torch $(TORCH) --requirements requirements.txt
 	@rm -f $(VENV)/.kvlib-torch-* && touch $@
 $(STAMP): requirements.txt pyproject.toml | $(TORCH_STAMP)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -66,7 +79,7 @@ model: $(STAMP)
 	@$(PY) -m kvlib.smollm2.weights
 
 ## book: execute every notebook (cached between builds) and build the HTML book.
-## book/assets.py first fetches (npm, pinned, once) the widget manager and MathJax that the
+## book/assets.py first downloads (pinned, once, no npm) the widget manager and MathJax that the
 ## book serves itself, and writes the configuration to build with (BOOK_JS=cdn: use CDNs).
 book: setup model
 	$(PY) book/assets.py _build/_config.book.yml
@@ -238,7 +251,7 @@ notebooks: setup model
 	    --ExecutePreprocessor.timeout=900 --ExecutePreprocessor.store_widget_state=True $$nb || exit 1; \
 	  rm -rf $$inductor; done
 
-## clean: remove _build/ (the built book, the npm tarballs, the test timings).
+## clean: remove _build/ (the built book, the downloaded scripts, the test timings).
 clean:
 	rm -rf _build
 

@@ -7,15 +7,16 @@ The HTML book loads two things that Sphinx and myst-nb would otherwise take from
   kernel, at the versions myst-nb 1.4.0 points its CDN configuration at;
 - MathJax 3, which typesets the formulas.
 
-This script fetches them at pinned versions with ``npm pack`` (from the npm registry, once;
-the tarballs are kept in ``_build/npm/`` and checked against the pinned SHA-512), and lays
-out the files the pages request under ``_build/book-assets/_static/`` (``_config.yml``'s
-``html_extra_path`` copies that folder into ``_build/html/``). It then writes the
-configuration the Makefile builds with.
+This script downloads them at pinned versions from the npm registry with Python's standard
+library (once: the tarballs are kept in ``_build/npm/`` and checked against the pinned SHA-512
+that the registry itself publishes; neither npm nor Node.js is needed), and lays out the files
+the pages request under ``_build/book-assets/_static/`` (``_config.yml``'s ``html_extra_path``
+copies that folder into ``_build/html/``). It then writes the configuration the Makefile builds
+with.
 
-Without npm, it says so and writes a configuration that keeps myst-nb's and Sphinx's CDN
-defaults: the book still builds, but needs the internet to show widgets and formulas
-(``make test``'s browser tests fail on it). ``BOOK_JS=cdn`` asks for that configuration.
+Where the registry cannot be reached, it says so and stops; ``BOOK_JS=cdn`` writes a
+configuration that keeps myst-nb's and Sphinx's CDN defaults instead: the book then builds, but
+needs the internet to show widgets and formulas (``make test``'s browser tests fail on it).
 
 Usage: python book/assets.py CONFIG_OUT [--static] [--cdn]
 """
@@ -27,9 +28,10 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -106,19 +108,42 @@ def _integrity(path: Path) -> str:
     return "sha512-" + base64.b64encode(hashlib.sha512(path.read_bytes()).digest()).decode()
 
 
+REGISTRY = os.environ.get("NPM_CONFIG_REGISTRY", "https://registry.npmjs.org").rstrip("/")
+
+
 def _tarball(name: str, version: str) -> Path:
-    # npm pack names scoped packages "scope-name-version.tgz".
+    # named as npm pack names them: scoped packages "scope-name-version.tgz"
     return NPM_CACHE / f"{name.lstrip('@').replace('/', '-')}-{version}.tgz"
 
 
-def _missing() -> list[str]:
-    """The pinned packages whose tarball is not (intact) in _build/npm/ yet."""
-    return [name for name, (version, integrity) in PACKAGES.items()
-            if not (_tarball(name, version).is_file() and _integrity(_tarball(name, version)) == integrity)]
+def tarball_url(name: str, version: str) -> str:
+    """The registry's address of a package's tarball (``@scope/name`` at ``@scope/name/-/name-1.0.tgz``)."""
+    return f"{REGISTRY}/{name}/-/{name.rsplit('/', 1)[-1]}-{version}.tgz"
 
 
-def fetch(npm: str | None) -> None:
-    """npm pack every pinned package (unless already here and intact), check it, and lay
+def download(name: str, version: str, integrity: str, opener=urllib.request.urlopen) -> Path:
+    """The package's tarball in ``_build/npm/``, downloaded unless it is there intact, and checked
+    against ``integrity`` (SystemExit saying so when it does not match: nothing is kept)."""
+    tgz = _tarball(name, version)
+    if tgz.is_file() and _integrity(tgz) == integrity:
+        return tgz
+    url = tarball_url(name, version)
+    print(f"book/assets.py: downloading {url}", flush=True)
+    with opener(url, timeout=60) as response:
+        data = response.read()
+    got = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    if got != integrity:
+        sys.exit(f"book/assets.py: {url} does not match the pinned integrity\n"
+                 f"  expected {integrity}\n  got      {got}")
+    tgz.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tgz.with_suffix(".part")
+    tmp.write_bytes(data)
+    os.replace(tmp, tgz)
+    return tgz
+
+
+def fetch(opener=urllib.request.urlopen) -> None:
+    """Download every pinned package (unless already here and intact), check it, and lay
     out its files under _build/book-assets/_static/. Quick when nothing changed."""
     wanted = {name: {"version": v, "integrity": i} for name, (v, i) in PACKAGES.items()}
     setup_js = (Path(__file__).parent / "widgets-setup.js").read_bytes()
@@ -129,16 +154,7 @@ def fetch(npm: str | None) -> None:
     NPM_CACHE.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(STATIC, ignore_errors=True)
     for name, (version, integrity) in PACKAGES.items():
-        tgz = _tarball(name, version)
-        if not (tgz.is_file() and _integrity(tgz) == integrity):
-            print(f"book/assets.py: npm pack {name}@{version}", flush=True)
-            subprocess.run([npm, "pack", f"{name}@{version}", "--silent",
-                            "--pack-destination", str(NPM_CACHE)],
-                           check=True, cwd=NPM_CACHE, stdout=subprocess.DEVNULL)
-        got = _integrity(tgz)
-        if got != integrity:
-            sys.exit(f"book/assets.py: {tgz.name} does not match the pinned integrity\n"
-                     f"  expected {integrity}\n  got      {got}")
+        tgz = download(name, version, integrity, opener)
         count = 0
         with tarfile.open(tgz) as tar:
             for member in tar.getmembers():
@@ -154,7 +170,7 @@ def fetch(npm: str | None) -> None:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(data)
                     count += 1
-        print(f"book/assets.py: {name}@{version}: {count} files in {STATIC.relative_to(ROOT)}/")
+        print(f"book/assets.py: {name}@{version}: {count} files in {os.path.relpath(STATIC, ROOT)}/")
     (STATIC / "widgets" / "setup.js").write_bytes(setup_js)
     STAMP.write_text(json.dumps(wanted, indent=1))
 
@@ -185,33 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config_out", type=Path, help="where to write the configuration to build with")
     parser.add_argument("--static", action="store_true", help="do not execute notebooks (use stored outputs)")
-    parser.add_argument("--cdn", action="store_true", help="load the JavaScript from CDNs (no npm needed)")
+    parser.add_argument("--cdn", action="store_true", help="load the JavaScript from CDNs (nothing downloaded)")
     args = parser.parse_args(argv)
     cdn = args.cdn or os.environ.get("BOOK_JS", "") == "cdn"
-    npm = None if cdn else shutil.which("npm")
-    if not cdn and npm is None and _missing():   # (npm is needed only to fetch them once)
-        print("\n".join([
-            "",
-            "*" * 78,
-            "book/assets.py: npm was NOT found, so the widget manager (require.js,",
-            "@jupyter-widgets/html-manager) and MathJax cannot be fetched into the book.",
-            "Building with the CDN configuration instead: the pages load them from",
-            "cdnjs.cloudflare.com and cdn.jsdelivr.net, so widgets and formulas need the",
-            "internet, and the browser tests of `make test` will fail.",
-            "To build the offline book, install npm (Debian/Ubuntu: apt-get install npm;",
-            "or Node.js from https://nodejs.org) and run the command again.",
-            "*" * 78,
-            "",
-        ]), file=sys.stderr, flush=True)
-        cdn = True
     if cdn:
         shutil.rmtree(ASSETS, ignore_errors=True)
     else:
         try:
-            fetch(npm)
-        except subprocess.CalledProcessError as err:
-            sys.exit(f"book/assets.py: `{' '.join(err.cmd)}` failed (exit {err.returncode}); "
-                     "check access to the npm registry, or build with the CDN configuration: BOOK_JS=cdn")
+            fetch()
+        except (urllib.error.URLError, OSError) as err:
+            sys.exit(f"book/assets.py: the npm registry ({REGISTRY}) could not be reached: {err}.\n"
+                     "The offline book serves the widget manager and MathJax from its own pages and needs them "
+                     "once. Check the connection (or set NPM_CONFIG_REGISTRY to a mirror), or build a book "
+                     "that loads them from CDNs instead: BOOK_JS=cdn make book")
     write_config(args.config_out, static=args.static, cdn=cdn)
     mode = "CDN (online only)" if cdn else "served from the book (offline)"
     print(f"book/assets.py: {args.config_out}: widget manager and MathJax {mode}")

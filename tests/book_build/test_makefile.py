@@ -57,3 +57,37 @@ def test_output_sync_only_where_make_has_it(tmp_path, version, synced):
 def test_every_parallel_run_uses_the_conditional_flag():
     assert len(re.findall(r"-j 2 \$\(OUTPUT_SYNC\)", MAKEFILE)) == 2
     assert not re.search(r"^\t.*--output-sync", MAKEFILE, flags=re.MULTILINE)
+
+
+def _make_venv(venv: Path, python: str | None) -> subprocess.CompletedProcess:
+    """Run the Makefile's rule that makes ``venv`` (with PYTHON=``python`` if given)."""
+    given = [f"PYTHON={python}"] if python else []
+    return subprocess.run(["make", "--no-print-directory", f"VENV={venv}", *given, f"{venv}/.kvlib-venv"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@needs_make
+def test_a_python_of_another_version_is_refused_with_the_line_that_installs_one(tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho 3.9\n")                              # what `python -c 'print version'` says
+    fake.chmod(0o755)
+    run = _make_venv(tmp_path / ".venv", str(fake))
+    assert run.returncode != 0
+    assert f"found: {fake} 3.9." in run.stderr and "Install one:" in run.stderr and "3.11" in run.stderr
+    assert not (tmp_path / ".venv").exists()                               # nothing half made
+
+
+@needs_make
+@pytest.mark.skipif(shutil.which("python3.11") is None, reason="no python3.11 on PATH")
+def test_a_half_made_venv_is_removed_and_made_again(tmp_path):
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")             # a venv left without a working pip
+    (venv / "bin" / "python").chmod(0o755)
+    run = _make_venv(venv, shutil.which("python3.11"))
+    assert run.returncode == 0, run.stderr
+    assert "half made" in run.stdout and "make: Python 3.11" in run.stderr
+    assert (venv / ".kvlib-venv").is_file()
+    assert subprocess.run([venv / "bin" / "python", "-m", "pip", "--version"], capture_output=True).returncode == 0
+    again = _make_venv(venv, shutil.which("python3.11"))                   # whole now: left alone
+    assert again.returncode == 0 and "half made" not in again.stdout

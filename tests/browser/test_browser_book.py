@@ -57,8 +57,7 @@ def test_pages_name_no_resource_on_another_host(book_root):
             found[page] = remote
     cdn = any(k in u for urls in found.values() for u in urls for k in ("mathjax", "require", "jupyter-widgets"))
     hint = ("\nThe widget manager and MathJax come from CDNs: the book was built with the CDN "
-            "configuration (npm missing, or BOOK_JS=cdn; see book/assets.py). Install npm and "
-            "rebuild (make book-static)." if cdn else "")
+            "configuration (BOOK_JS=cdn; see book/assets.py). Rebuild without it (make book-static)." if cdn else "")
     assert not found, f"pages load from other hosts: {json.dumps(found, indent=1)}{hint}"
 
 
