@@ -31,7 +31,7 @@ OUTPUT_SYNC := $(if $(filter 3.%,$(MAKE_VERSION)),,--output-sync=target)
 # GPU (kvlib.default_device follows KVLIB_DEVICE); `make lab` and `make book` use the GPU.
 test test-nbval test-portable portable-% test-student test-pool nbval/% student-check package-test test-binder: export KVLIB_DEVICE = cpu
 
-.PHONY: help setup wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer peer-vllm bench lab notebooks clean
+.PHONY: help setup lock wheel model book book-static test test-times test-quick test-nbval test-portable portable-% test-browser chromium peer peer-vllm bench lab notebooks clean
 
 ## help: list the targets, each with the first line of its description here (more below it).
 help:
@@ -60,9 +60,9 @@ $(VENV_STAMP):
 $(TORCH_STAMP): requirements.txt scripts/install_torch.py | $(VENV_STAMP)
 	$(PY) scripts/install_torch.py --torch $(TORCH) --requirements requirements.txt
 	@rm -f $(VENV)/.kvlib-torch-* && touch $@
-$(STAMP): requirements.txt pyproject.toml | $(TORCH_STAMP)
+$(STAMP): requirements.txt requirements.lock pyproject.toml | $(TORCH_STAMP)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
 
@@ -73,6 +73,15 @@ wheel: $(STAMP)
 	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
 	@rm -rf build
 	@echo "Built $(CURDIR)/dist/kvlib-$(KVLIB_VERSION)-py3-none-any.whl"
+
+## lock: pin every package of .venv (all that requirements.txt brings) in requirements.lock.
+## Run it after changing requirements.txt; make setup installs with it as constraints. torch is
+## left out (scripts/install_torch.py installs the build for this machine, at requirements.txt's pin).
+lock: setup
+	@{ echo "# Every package make setup installs, at the versions make test passed with: constraints"; \
+	  echo "# for pip (-c), written by make lock from .venv. torch: at requirements.txt's pin."; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v -i '^torch=='; } > requirements.lock
+	@echo "requirements.lock: $$(grep -c '==' requirements.lock) packages"
 
 ## model: fetch and verify the SmolLM2-135M-Instruct GGUF once (into ~/.cache/kvlib).
 model: $(STAMP)

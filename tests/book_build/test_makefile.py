@@ -91,3 +91,25 @@ def test_a_half_made_venv_is_removed_and_made_again(tmp_path):
     assert subprocess.run([venv / "bin" / "python", "-m", "pip", "--version"], capture_output=True).returncode == 0
     again = _make_venv(venv, shutil.which("python3.11"))                   # whole now: left alone
     assert again.returncode == 0 and "half made" not in again.stdout
+
+
+def _pins(text: str) -> dict[str, str]:
+    found = re.findall(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)", text, flags=re.MULTILINE)
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found}
+
+
+def test_the_lock_agrees_with_the_pins_and_holds_every_package_of_the_venv():
+    """requirements.lock (make lock) keeps every pin of requirements.txt at its version (torch
+    aside: scripts/install_torch.py installs it), and, where .venv exists, every package in it
+    at the version installed: a package that floats since the lock was written fails here."""
+    lock = _pins((ROOT / "requirements.lock").read_text())
+    pins = _pins((ROOT / "requirements.txt").read_text())
+    assert len(lock) > 100 and "torch" not in lock
+    assert {k: v for k, v in pins.items() if k != "torch" and lock.get(k) != v} == {}
+    python = ROOT / ".venv" / "bin" / "python"
+    if python.exists():
+        freeze = subprocess.run([python, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
+                                text=True, timeout=120).stdout
+        installed = {k: v for k, v in _pins(freeze).items() if k != "torch"}
+        assert {k: (v, lock.get(k)) for k, v in installed.items() if lock.get(k) != v} == {}, \
+            "run make lock after changing requirements.txt"
