@@ -184,6 +184,13 @@ def write_config(out: Path, *, static: bool, cdn: bool) -> None:
     local = config["sphinx"].get("local_extensions") or {}
     for name, path in local.items():
         local[name] = os.path.relpath(ROOT / path, out.resolve().parent)
+    ref = os.environ.get("BOOK_REF", "")
+    if ref:                                   # a release's site: its launch buttons open the tag's notebooks
+        if ref != config["repository"]["kvlib_ref"]:
+            sys.exit(f"book/assets.py: building the site of {ref}, but the notebooks' Colab cell installs kvlib "
+                     f"from {config['repository']['kvlib_ref']} (repository.kvlib_ref in _config.yml): set it "
+                     f"to {ref}, run python -m book.colab, and tag again")
+        config["repository"]["branch"] = ref
     sphinx_config = config["sphinx"]["config"]
     if cdn:
         for key in ("html_extra_path", "nb_ipywidgets_js", "mathjax_path"):

@@ -201,7 +201,7 @@ def _runs(job: dict) -> list[str]:
 
 def test_ci_runs_make_test_on_every_push_and_pull_request():
     workflow = _workflow("test.yml")
-    assert set(workflow["on"]) == {"push", "pull_request"}
+    assert set(workflow["on"]) == {"push", "pull_request", "workflow_call"}
     [job] = workflow["jobs"].values()
     assert job["runs-on"].startswith("ubuntu") and job["container"]["image"].startswith("python:3.11-")
     runs = _runs(job)
@@ -209,17 +209,47 @@ def test_ci_runs_make_test_on_every_push_and_pull_request():
     assert any("apt-get install" in r and "chromium" in r for r in runs)
 
 
-def test_pages_publishes_the_book_on_a_release_tag():
+def test_pages_publishes_what_was_tested_on_a_release_tag():
+    """On a tag: the tests first (test.yml itself), then the book from the stored outputs (nothing
+    executed again on GitHub's machine), its launch buttons at the tag, then the deployment."""
     workflow = _workflow("pages.yml")
     assert workflow["on"] == {"push": {"tags": ["v*"]}}
     assert workflow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
-    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
-    assert "make book" in _runs(build)
+    test, build, deploy = (workflow["jobs"][k] for k in ("test", "build", "deploy"))
+    assert test["uses"] == "./.github/workflows/test.yml" and build["needs"] == "test"
+    assert _runs(build) == ["make book-static"] and build["env"]["BOOK_REF"] == "${{ github.ref_name }}"
     [upload] = [s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@")]
     assert upload["with"]["path"] == "_build/html"
     assert deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
     assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in deploy["steps"])
     assert _config()["repository"]["kvlib_ref"].startswith("v")          # a tag pages.yml reacts to
+
+
+# The first major of each action that runs on Node.js 24 (GitHub removed Node 20 on 2026-09-16).
+NODE_24 = {"actions/checkout": 5, "actions/cache": 5, "actions/upload-pages-artifact": 5, "actions/deploy-pages": 5}
+
+
+def test_every_action_runs_on_node_24():
+    for name in ("test.yml", "pages.yml"):
+        for job in _workflow(name)["jobs"].values():
+            for step in job.get("steps", []):
+                if "uses" in step:
+                    action, major = step["uses"].split("@")
+                    assert int(major.lstrip("v")) >= NODE_24[action], f"{name}: {step['uses']}"
+
+
+def test_a_release_site_opens_the_tag_and_refuses_another_than_the_colab_cells(tmp_path, monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("assets", ROOT / "book" / "assets.py")
+    assets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(assets)
+    ref = _config()["repository"]["kvlib_ref"]
+    monkeypatch.setenv("BOOK_REF", ref)
+    assets.write_config(tmp_path / "c.yml", static=True, cdn=True)
+    assert yaml.safe_load((tmp_path / "c.yml").read_text())["repository"]["branch"] == ref
+    monkeypatch.setenv("BOOK_REF", ref + "-other")
+    with pytest.raises(SystemExit, match="Colab cell installs kvlib"):
+        assets.write_config(tmp_path / "d.yml", static=True, cdn=True)
 
 
 def _top_level() -> set[str]:
