@@ -24,6 +24,28 @@ def test_binder_pins_what_make_pins():
     assert not differ, f"binder/requirements.txt and requirements.txt pin different versions: {differ}"
 
 
+# What repo2docker's base environment for Python 3.11 installs before binder/requirements.txt
+# (https://github.com/jupyterhub/repo2docker/blob/main/repo2docker/buildpacks/conda/environment.py-3.11.yml,
+# generated 2025-10-16): the Jupyter server and its front ends, each at a major version, set together.
+REPO2DOCKER_BASE = {"ipywidgets": "8", "jupyter-offlinenotebook": "0.3", "jupyter-resource-usage": "1",
+                    "jupyter-server": "2", "jupyterhub-singleuser": "5", "jupyterlab": "4", "notebook": "7"}
+
+
+def test_binder_leaves_the_base_environments_jupyter_alone():
+    """No pin of the base's server or front ends (one of them pinned apart from the others broke
+    the set: notebook 7.4 takes only its own JupyterLab minor); ipywidgets, which the stored
+    widgets need at 8.1, within the base's major."""
+    binder = {re.sub(r"[-_.]+", "-", k): v for k, v in _pins(ROOT / "binder" / "requirements.txt").items()}
+    pinned = set(binder) & set(REPO2DOCKER_BASE)
+    assert pinned == {"ipywidgets"}, f"binder/requirements.txt pins the base's {sorted(pinned - {'ipywidgets'})}"
+    assert binder["ipywidgets"].split(".")[0] == REPO2DOCKER_BASE["ipywidgets"]
+
+
+def test_the_launch_buttons_open_jupyterlab():
+    import yaml
+    assert yaml.safe_load((ROOT / "_config.yml").read_text())["launch_buttons"]["notebook_interface"] == "jupyterlab"
+
+
 def test_binder_takes_the_cpu_build_of_torch():
     text = (ROOT / "binder" / "requirements.txt").read_text()
     assert "--index-url https://download.pytorch.org/whl/cpu" in text
