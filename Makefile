@@ -223,7 +223,7 @@ $(PEER_STAMP): requirements-peer.txt $(STAMP)
 	@command -v cmake >/dev/null || { echo "error: make peer needs cmake (Debian: apt-get install cmake)" >&2; exit 1; }
 	@command -v c++ >/dev/null || { echo "error: make peer needs a C++ compiler (Debian: apt-get install g++)" >&2; exit 1; }
 	@echo "building llama-cpp-python from its sdist (a few minutes on 2 cores) ..."
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet --no-binary llama-cpp-python -r requirements-peer.txt
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet --no-binary llama-cpp-python -r requirements-peer.txt -c requirements.lock
 	@touch $@
 
 ## peer-vllm: (optional) vLLM in its own environment, and the model as a Hugging Face folder.

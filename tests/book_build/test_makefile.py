@@ -113,3 +113,14 @@ def test_the_lock_agrees_with_the_pins_and_holds_every_package_of_the_venv():
         installed = {k: v for k, v in _pins(freeze).items() if k != "torch"}
         assert {k: (v, lock.get(k)) for k, v in installed.items() if lock.get(k) != v} == {}, \
             "run make lock after changing requirements.txt"
+
+
+def test_the_peer_pins_what_it_installs_as_the_lock_does():
+    """requirements-peer.txt pins llama-cpp-python and every dependency it brings, each at
+    requirements.lock's version where the book installs it too."""
+    lines = [l.split("#")[0].strip() for l in (ROOT / "requirements-peer.txt").read_text().splitlines()]
+    lines = [l for l in lines if l]
+    assert all("==" in l for l in lines), f"unpinned: {[l for l in lines if '==' not in l]}"
+    peer, lock = _pins("\n".join(lines)), _pins((ROOT / "requirements.lock").read_text())
+    assert {"llama-cpp-python", "diskcache", "numpy", "typing-extensions", "jinja2"} <= set(peer)
+    assert {k: (v, lock[k]) for k, v in peer.items() if k in lock and lock[k] != v} == {}
