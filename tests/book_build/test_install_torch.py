@@ -151,7 +151,8 @@ def test_make_setup_installs_torch_first_and_a_new_choice_runs_it_again():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^TORCH \?= auto$", makefile, re.MULTILINE)
     assert "TORCH_STAMP := $(VENV)/.kvlib-torch-$(TORCH)" in makefile
-    assert re.search(r"^\$\(STAMP\): requirements\.txt pyproject\.toml \| \$\(TORCH_STAMP\)$", makefile, re.MULTILINE)
+    assert re.search(r"^\$\(STAMP\): requirements\.txt requirements\.lock pyproject\.toml \| \$\(TORCH_STAMP\)$", makefile,
+                     re.MULTILINE)
     assert "scripts/install_torch.py --torch $(TORCH)" in makefile
 
 

@@ -261,6 +261,15 @@ def _top_level() -> set[str]:
     return {f.split("/")[0] + ("/" if "/" in f else "") for f in files}
 
 
+def test_the_readme_is_short_and_says_what_a_newcomer_needs():
+    """A newcomer's five minutes: under 1,200 words, the clone and the two commands, what to
+    install per system, and what to do when it fails."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.split()) <= 1200
+    for needed in ("git clone", "make book", "make test", "## What you need", "## When it fails", "WSL", "macOS"):
+        assert needed in readme, needed
+
+
 def test_the_readmes_layout_names_every_top_level_file_and_folder():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
