@@ -249,8 +249,13 @@ bench: setup model
 	$(PY) -m kvlib.bench --threads 2
 
 ## lab: JupyterLab on the chapter, with this project's Python.
-lab: setup
+# Only what the notebooks need (kvlib[lab], at the lock's versions), not the book and test tools.
+LAB_STAMP := $(VENV)/.kvlib-lab
+lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab chapters/
+$(LAB_STAMP): requirements.lock pyproject.toml | $(TORCH_STAMP)
+	$(PY) -m pip install --quiet -c requirements.lock -e ".[lab]"
+	@touch $@
 
 ## notebooks: (authors) re-execute every notebook in place, so the stored outputs are current.
 ## Each from an empty compile cache (its stored run time is a first run's).
