@@ -69,8 +69,9 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml | $(TORCH_STAMP)
 ## wheel: build kvlib's wheel into dist/, to hand out (kvlib is not on PyPI yet).
 ## Then: pip install "dist/kvlib-<version>-py3-none-any.whl[notebooks]".
 KVLIB_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-wheel: $(STAMP)
-	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+# A pure-Python wheel: it needs a .venv with pip and setuptools from PyPI, not PyTorch or the rest.
+wheel: $(VENV_STAMP)
+	$(PY) -m pip wheel --quiet --no-deps -w dist .
 	@rm -rf build
 	@echo "Built $(CURDIR)/dist/kvlib-$(KVLIB_VERSION)-py3-none-any.whl"
 
