@@ -64,6 +64,7 @@ $(STAMP): requirements.txt requirements.lock pyproject.toml | $(TORCH_STAMP)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	@$(PY) -m kvlib.fast             # built now rather than at their first use (skipped without a compiler)
 	@touch $@
 
 ## wheel: build kvlib's wheel into dist/, to hand out (kvlib is not on PyPI yet).

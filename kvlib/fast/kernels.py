@@ -239,3 +239,4 @@ def reference_mm(x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, m: torch.Ten
         sums = qx.double().sum(-1) * dx.double()                               # s = d_x · sum(q_x), (rows, b)
         out = out + torch.einsum("rb,ob->ro", sums, m.double())
     return out
+

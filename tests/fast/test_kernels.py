@@ -259,3 +259,15 @@ def test_a_home_that_cannot_be_written_is_a_reason_not_a_crash(monkeypatch, tmp_
     monkeypatch.setattr(kernels, "_state", {})
     assert kernels.load() is False
     assert "a-file" in kernels.kernels_missing()
+
+
+def test_python_m_kvlib_fast_builds_ahead_of_time_or_says_why_not(monkeypatch, capsys):
+    """``python -m kvlib.fast`` (make setup, Binder's image) leaves the library where load() finds
+    it and names it; where it cannot build, it says why and exits 0 (the kernels are optional)."""
+    from kvlib.fast.__main__ import main
+
+    assert main() == 0 and str(kernels.library_path()) in capsys.readouterr().out
+    assert kernels.library_path().exists()
+    monkeypatch.setattr(kernels, "_state", {"error": "no C++ compiler (a test)"})
+    assert main() == 0
+    assert "not built: no C++ compiler (a test); kvlib uses PyTorch's kernels alone" in capsys.readouterr().out
