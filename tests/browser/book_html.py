@@ -189,6 +189,13 @@ def repository() -> dict:
     return yaml.safe_load(CONFIG.read_text())["repository"]
 
 
+def binder_urlpath() -> str:
+    """Where the Binder button opens a notebook: JupyterLab (``lab/tree``) or the classic tree,
+    as ``launch_buttons.notebook_interface`` in _config.yml says."""
+    interface = yaml.safe_load(CONFIG.read_text())["launch_buttons"].get("notebook_interface", "classic")
+    return "lab/tree" if interface == "jupyterlab" else "tree"
+
+
 def screenshot_name(page: str, suffix: str = "") -> str:
     """chapters/04_x.html -> chapters__04_x<suffix>.png"""
     return f"{page[:-len('.html')].replace('/', '__')}{suffix}.png"

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from book_html import HTML_ROOT, book_pages, read_page, repository
+from book_html import HTML_ROOT, binder_urlpath, book_pages, read_page, repository
 
 PAGES = book_pages()
 NOTEBOOK_PAGES = [p for p in PAGES if (HTML_ROOT / "_sources" / p).with_suffix(".ipynb").is_file()]
@@ -122,7 +122,7 @@ def test_launch_and_download_buttons_follow_the_repository_setting(book, name):
     notebook = "/".join(p for p in (book_path, name[:-len(".html")] + ".ipynb") if p)
     expected = {
         "Colab": f"https://colab.research.google.com/github/{owner_repo}/blob/{branch}/{notebook}",
-        "Binder": f"https://mybinder.org/v2/gh/{owner_repo}/{branch}?urlpath=tree/{notebook}",
+        "Binder": f"https://mybinder.org/v2/gh/{owner_repo}/{branch}?urlpath={binder_urlpath()}/{notebook}",
         "repository": url,
     }
     book.open(name)
